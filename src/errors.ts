@@ -1,0 +1,259 @@
+/**
+ * The errors runlock throws. Every one extends {@linkcode RunlockError} and
+ * names the lock file; the same classes are thrown on every runtime.
+ *
+ * @module
+ */
+
+/**
+ * Base class of every error runlock throws; `path` is the lock file as the
+ * caller named it.
+ *
+ * @example Telling runlock's errors apart from others
+ * ```ts
+ * import { RunlockError } from "@runlock/runlock";
+ * import assert from "node:assert/strict";
+ *
+ * const err = new RunlockError("run.lock", "run.lock: something went wrong");
+ * assert.ok(err instanceof Error);
+ * assert.equal(err.path, "run.lock");
+ * ```
+ */
+export class RunlockError extends Error {
+  /** The lock file. */
+  readonly path: string;
+
+  /**
+   * Creates the error.
+   *
+   * @param path The lock file.
+   * @param message What went wrong and what to do.
+   * @param options `cause`, when there is one.
+   */
+  constructor(path: string, message: string, options?: ErrorOptions) {
+    super(message, options);
+    this.name = "RunlockError";
+    this.path = path;
+  }
+}
+
+/**
+ * Another live run holds the lock. `pid` is the holder's PID as its record
+ * says (0 when the file is locked by a tool that wrote no PID, such as
+ * `flock(1)`), `host` its host name (`""` when unknown).
+ *
+ * @example Reporting the holder
+ * ```ts
+ * import { HeldError } from "@runlock/runlock";
+ * import assert from "node:assert/strict";
+ *
+ * const err = new HeldError(".state/run.lock", 4242, "build-7");
+ * assert.equal(
+ *   err.message,
+ *   ".state/run.lock: another run is active as pid 4242 on build-7; wait for it or stop it",
+ * );
+ * ```
+ */
+export class HeldError extends RunlockError {
+  /** The holder's PID, or 0 when the file names none. */
+  readonly pid: number;
+  /** The holder's host name, or `""` when unknown. */
+  readonly host: string;
+
+  /**
+   * Creates the error.
+   *
+   * @param path The lock file.
+   * @param pid The holder's PID, or 0.
+   * @param host The holder's host name, or `""`.
+   * @param options `cause`, when there is one.
+   */
+  constructor(path: string, pid: number, host: string, options?: ErrorOptions) {
+    const who = pid > 0 ? `as pid ${pid}` : "(the file names no pid)";
+    const where = host ? ` on ${host}` : "";
+    super(
+      path,
+      `${path}: another run is active ${who}${where}; wait for it or stop it`,
+      options,
+    );
+    this.name = "HeldError";
+    this.pid = pid;
+    this.host = host;
+  }
+}
+
+/**
+ * The lock file is not something runlock may read or replace: a symlink, a
+ * directory, a FIFO, more than 4 KiB, or text that is not a PID. The file is
+ * left exactly as it was; `reason` says what is wrong with it.
+ *
+ * @example Catching an invalid lock file
+ * ```ts
+ * import { InvalidLockFileError } from "@runlock/runlock";
+ * import assert from "node:assert/strict";
+ *
+ * const err = new InvalidLockFileError("run.lock", "is a directory");
+ * assert.match(err.message, /run\.lock: is a directory/);
+ * ```
+ */
+export class InvalidLockFileError extends RunlockError {
+  /** What is wrong with the file. */
+  readonly reason: string;
+
+  /**
+   * Creates the error.
+   *
+   * @param path The lock file.
+   * @param reason What is wrong with it.
+   * @param options `cause`, when there is one.
+   */
+  constructor(path: string, reason: string, options?: ErrorOptions) {
+    super(
+      path,
+      `${path}: ${reason}; it is not a lock file runlock can use, so it was left as it is. ` +
+        `Check what wrote it, then remove it or choose another path`,
+      options,
+    );
+    this.name = "InvalidLockFileError";
+    this.reason = reason;
+  }
+}
+
+/**
+ * This process may not do what the lock needs: the OS refused (EACCES,
+ * EPERM, EROFS), or Deno lacks `--allow-read`/`--allow-write` for the lock's
+ * directory. runlock never triggers a permission prompt.
+ *
+ * @example The message names the grant
+ * ```ts
+ * import { LockPermissionError } from "@runlock/runlock";
+ * import assert from "node:assert/strict";
+ *
+ * const err = new LockPermissionError("run.lock", "cannot create the lock", "grant --allow-write=.");
+ * assert.match(err.message, /permission denied/);
+ * ```
+ */
+export class LockPermissionError extends RunlockError {
+  /**
+   * Creates the error.
+   *
+   * @param path The lock file.
+   * @param action What was being done.
+   * @param hint What to grant or change.
+   * @param options `cause`, when there is one.
+   */
+  constructor(
+    path: string,
+    action: string,
+    hint: string,
+    options?: ErrorOptions,
+  ) {
+    super(path, `${path}: ${action}: permission denied; ${hint}`, options);
+    this.name = "LockPermissionError";
+  }
+}
+
+/**
+ * The lock's filesystem cannot carry the protocol: no hard links (FAT,
+ * some FUSE filesystems) or no `flock(2)`. runlock refuses rather than
+ * downgrade silently.
+ *
+ * @example The message names what is missing
+ * ```ts
+ * import { UnsupportedFilesystemError } from "@runlock/runlock";
+ * import assert from "node:assert/strict";
+ *
+ * const err = new UnsupportedFilesystemError("/mnt/usb/run.lock", "hard links");
+ * assert.match(err.message, /does not support hard links/);
+ * ```
+ */
+export class UnsupportedFilesystemError extends RunlockError {
+  /**
+   * Creates the error.
+   *
+   * @param path The lock file.
+   * @param feature `"hard links"` or `"flock"`.
+   * @param options `cause`, when there is one.
+   */
+  constructor(path: string, feature: string, options?: ErrorOptions) {
+    super(
+      path,
+      `${path}: the filesystem does not support ${feature}, which runlock needs; ` +
+        `put the lock on a local filesystem (ext4, xfs, btrfs, tmpfs, apfs)`,
+      options,
+    );
+    this.name = "UnsupportedFilesystemError";
+  }
+}
+
+/**
+ * Every attempt of one acquire lost a race (holders coming and going, peers
+ * taking over a stale file). The lock may be free a moment later: this is
+ * not a statement that it is held.
+ *
+ * @example The message says "contended", not "held"
+ * ```ts
+ * import { ContendedError } from "@runlock/runlock";
+ * import assert from "node:assert/strict";
+ *
+ * const err = new ContendedError("run.lock", 16);
+ * assert.match(err.message, /too contended/);
+ * ```
+ */
+export class ContendedError extends RunlockError {
+  /**
+   * Creates the error.
+   *
+   * @param path The lock file.
+   * @param attempts How many attempts were made.
+   * @param options `cause`, when there is one.
+   */
+  constructor(path: string, attempts: number, options?: ErrorOptions) {
+    super(
+      path,
+      `${path}: the lock was too contended to take in ${attempts} attempts ` +
+        `(others kept taking and releasing it); try again`,
+      options,
+    );
+    this.name = "ContendedError";
+  }
+}
+
+/**
+ * The lock file was deleted or replaced behind the holder's back (by `rm`,
+ * a cleanup job, or another tool), so mutual exclusion was not guaranteed
+ * for the whole run. Thrown once, by the release that finds it; the
+ * successor's file, if any, was left alone.
+ *
+ * @example What the message says
+ * ```ts
+ * import { LockLostError } from "@runlock/runlock";
+ * import assert from "node:assert/strict";
+ *
+ * const err = new LockLostError("run.lock", 4242, "was deleted");
+ * assert.match(err.message, /was deleted while pid 4242 held it/);
+ * ```
+ */
+export class LockLostError extends RunlockError {
+  /** The PID that held the lock (this process). */
+  readonly pid: number;
+
+  /**
+   * Creates the error.
+   *
+   * @param path The lock file.
+   * @param pid The PID that held the lock.
+   * @param what `"was deleted"` or `"was replaced by another file"`.
+   * @param options `cause`, when there is one.
+   */
+  constructor(path: string, pid: number, what: string, options?: ErrorOptions) {
+    super(
+      path,
+      `${path}: the lock file ${what} while pid ${pid} held it; ` +
+        `another process may have run at the same time. Find what removes it`,
+      options,
+    );
+    this.name = "LockLostError";
+    this.pid = pid;
+  }
+}

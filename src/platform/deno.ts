@@ -1,0 +1,342 @@
+/**
+ * The Deno implementation of {@linkcode Platform}: the only file that
+ * touches `Deno.*`.
+ *
+ * Permissions are queried, never requested: a missing grant becomes a
+ * `NOTCAPABLE` {@linkcode SysError} instead of a prompt. Answers that are
+ * "granted" are cached per directory, so the hot path asks once per process.
+ *
+ * @module
+ */
+
+import { basename, dirname } from "node:path";
+import {
+  type FileInfo,
+  type Handle,
+  type Liveness,
+  type Platform,
+  SysError,
+} from "./types.ts";
+
+const BY_CLASS: [new (...args: never[]) => Error, string][] = [
+  [Deno.errors.NotFound, "ENOENT"],
+  [Deno.errors.AlreadyExists, "EEXIST"],
+  [Deno.errors.PermissionDenied, "EACCES"],
+  [Deno.errors.NotCapable, "NOTCAPABLE"],
+  [Deno.errors.IsADirectory, "EISDIR"],
+  [Deno.errors.NotADirectory, "ENOTDIR"],
+  [Deno.errors.FilesystemLoop, "ELOOP"],
+  [Deno.errors.NotSupported, "ENOTSUP"],
+];
+
+function sysError(err: unknown, syscall: string, path: string): SysError {
+  if (err instanceof SysError) return err;
+  let code = "EUNKNOWN";
+  const errno = (err as { code?: unknown } | null)?.code;
+  if (err instanceof Deno.errors.NotCapable) {
+    code = "NOTCAPABLE";
+  } else if (typeof errno === "string") {
+    code = errno;
+  } else {
+    for (const [cls, name] of BY_CLASS) {
+      if (err instanceof cls) {
+        code = name;
+        break;
+      }
+    }
+  }
+  const message = err instanceof Error ? err.message : String(err);
+  return new SysError(code, syscall, `${syscall} '${path}': ${message}`, {
+    cause: err,
+  });
+}
+
+// Permission answers that were "granted", per "read:dir" / "write:dir".
+// Only grants are cached: a refusal is asked again, since a grant may follow.
+const granted = new Set<string>();
+
+function need(name: "read" | "write", dir: string, syscall: string): void {
+  const key = `${name}:${dir}`;
+  if (granted.has(key)) return;
+  const { state } = Deno.permissions.querySync({ name, path: dir });
+  if (state !== "granted") {
+    throw new SysError(
+      "NOTCAPABLE",
+      syscall,
+      `${syscall} '${dir}': requires --allow-${name}=${dir}`,
+    );
+  }
+  granted.add(key);
+}
+
+function info(s: Deno.FileInfo): FileInfo {
+  return {
+    dev: s.dev,
+    ino: s.ino ?? 0,
+    size: s.size,
+    kind: s.isFile
+      ? "file"
+      : s.isDirectory
+      ? "directory"
+      : s.isSymlink
+      ? "symlink"
+      : "other",
+  };
+}
+
+class DenoHandle implements Handle {
+  #file: Deno.FsFile;
+  #path: string;
+
+  constructor(file: Deno.FsFile, path: string) {
+    this.#file = file;
+    this.#path = path;
+  }
+
+  tryLock(exclusive: boolean): boolean {
+    try {
+      return this.#file.tryLockSync(exclusive);
+    } catch (err) {
+      throw sysError(err, "flock", this.#path);
+    }
+  }
+
+  unlock(): void {
+    try {
+      this.#file.unlockSync();
+    } catch (err) {
+      throw sysError(err, "flock", this.#path);
+    }
+  }
+
+  write(data: Uint8Array): void {
+    try {
+      let done = 0;
+      while (done < data.length) {
+        done += this.#file.writeSync(data.subarray(done));
+      }
+    } catch (err) {
+      throw sysError(err, "write", this.#path);
+    }
+  }
+
+  readAll(max: number): Uint8Array {
+    try {
+      this.#file.seekSync(0, Deno.SeekMode.Start);
+      const buf = new Uint8Array(max);
+      let len = 0;
+      while (len < max) {
+        const n = this.#file.readSync(buf.subarray(len));
+        if (n === null || n === 0) break;
+        len += n;
+      }
+      return buf.subarray(0, len);
+    } catch (err) {
+      throw sysError(err, "read", this.#path);
+    }
+  }
+
+  stat(): FileInfo {
+    try {
+      return info(this.#file.statSync());
+    } catch (err) {
+      throw sysError(err, "fstat", this.#path);
+    }
+  }
+
+  close(): void {
+    try {
+      this.#file.close();
+    } catch {
+      // Already closed: close is idempotent for callers.
+    }
+  }
+}
+
+let hostnameCache: string | undefined;
+let runGranted: boolean | undefined;
+const sleeper = new Int32Array(new SharedArrayBuffer(4));
+
+/** The Deno platform. */
+export const platform: Platform = {
+  runtime: "deno",
+  pid: Deno.pid,
+
+  hostname(): string {
+    if (hostnameCache !== undefined) return hostnameCache;
+    hostnameCache = "";
+    try {
+      const sys = Deno.permissions.querySync({ name: "sys", kind: "hostname" });
+      if (sys.state === "granted") {
+        hostnameCache = Deno.hostname();
+      } else {
+        // Linux publishes it in /proc too; read it only if already allowed.
+        const file = "/proc/sys/kernel/hostname";
+        const read = Deno.permissions.querySync({ name: "read", path: file });
+        if (read.state === "granted") {
+          hostnameCache = Deno.readTextFileSync(file).trim();
+        }
+      }
+    } catch {
+      // No hostname: the record simply omits it.
+    }
+    hostnameCache = hostnameCache.replace(/[\r\n]/g, "");
+    return hostnameCache;
+  },
+
+  createNew(path: string): Handle {
+    const dir = dirname(path);
+    try {
+      need("read", dir, "open");
+      need("write", dir, "open");
+      const file = Deno.openSync(path, {
+        read: true,
+        write: true,
+        createNew: true,
+        mode: 0o644,
+      });
+      return new DenoHandle(file, path);
+    } catch (err) {
+      throw sysError(err, "open", path);
+    }
+  },
+
+  openExisting(path: string): Handle {
+    // Deno.open has neither O_NOFOLLOW nor O_NONBLOCK, so lstat first: a
+    // symlink is refused without being followed, and a FIFO is never opened
+    // (opening one read-only blocks until a writer comes). Then fstat the
+    // descriptor: if the path was swapped between the two calls, report it
+    // as gone and let the caller retry.
+    need("read", dirname(path), "open");
+    let before: Deno.FileInfo;
+    try {
+      before = Deno.lstatSync(path);
+    } catch (err) {
+      throw sysError(err, "lstat", path);
+    }
+    if (before.isSymlink) {
+      throw new SysError("ELOOP", "open", `open '${path}': is a symlink`);
+    }
+    if (!before.isFile) {
+      throw new SysError(
+        "EFTYPE",
+        "open",
+        `open '${path}': not a regular file`,
+      );
+    }
+    let file: Deno.FsFile;
+    try {
+      file = Deno.openSync(path, { read: true });
+    } catch (err) {
+      throw sysError(err, "open", path);
+    }
+    const handle = new DenoHandle(file, path);
+    const after = handle.stat();
+    if (after.dev !== before.dev || after.ino !== (before.ino ?? 0)) {
+      handle.close();
+      throw new SysError("ENOENT", "open", `open '${path}': replaced`);
+    }
+    return handle;
+  },
+
+  link(existing: string, created: string): void {
+    try {
+      need("write", dirname(created), "link");
+      Deno.linkSync(existing, created);
+    } catch (err) {
+      throw sysError(err, "link", created);
+    }
+  },
+
+  unlink(path: string): void {
+    try {
+      need("write", dirname(path), "unlink");
+      Deno.removeSync(path);
+    } catch (err) {
+      throw sysError(err, "unlink", path);
+    }
+  },
+
+  lstat(path: string): FileInfo | null {
+    try {
+      need("read", dirname(path), "lstat");
+      return info(Deno.lstatSync(path));
+    } catch (err) {
+      if (err instanceof Deno.errors.NotFound) return null;
+      throw sysError(err, "lstat", path);
+    }
+  },
+
+  mkdirp(path: string): void {
+    try {
+      need("write", path, "mkdir");
+      Deno.mkdirSync(path, { recursive: true });
+    } catch (err) {
+      throw sysError(err, "mkdir", path);
+    }
+  },
+
+  readDir(path: string): string[] {
+    try {
+      need("read", path, "readdir");
+      return Array.from(Deno.readDirSync(path), (entry) => entry.name);
+    } catch (err) {
+      throw sysError(err, "readdir", path);
+    }
+  },
+
+  processAlive(pid: number): Liveness {
+    // Never kill(0) or kill(-n): those probe process groups and always
+    // answer "alive".
+    if (!Number.isInteger(pid) || pid < 1 || pid > 0x7fffffff) {
+      return "unknown";
+    }
+    if (pid === Deno.pid) return "alive";
+    if (runGranted === undefined || !runGranted) {
+      runGranted = Deno.permissions.querySync({ name: "run" }).state ===
+        "granted";
+      if (!runGranted) return "unknown";
+    }
+    try {
+      Deno.kill(pid, 0 as unknown as Deno.Signal);
+      return "alive";
+    } catch (err) {
+      if (err instanceof Deno.errors.NotFound) return "dead"; // ESRCH
+      if (err instanceof Deno.errors.PermissionDenied) return "alive"; // EPERM
+      return "unknown";
+    }
+  },
+
+  sleepSync(ms: number): void {
+    Atomics.wait(sleeper, 0, 0, ms);
+  },
+
+  watchDir(
+    dir: string,
+    onChange: (name: string) => void,
+  ): (() => void) | undefined {
+    let watcher: Deno.FsWatcher;
+    try {
+      need("read", dir, "watch");
+      watcher = Deno.watchFs(dir, { recursive: false });
+    } catch {
+      return undefined;
+    }
+    (async () => {
+      try {
+        for await (const event of watcher) {
+          for (const path of event.paths) onChange(basename(path));
+        }
+      } catch {
+        // Closed or failed: the caller keeps polling.
+      }
+    })();
+    return () => {
+      try {
+        watcher.close();
+      } catch {
+        // Already closed.
+      }
+    };
+  },
+};

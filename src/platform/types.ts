@@ -1,0 +1,116 @@
+/**
+ * The small platform interface that the protocol core talks to.
+ *
+ * The core (`src/_protocol.ts` and friends) never touches `Deno.*`,
+ * `node:fs` or FFI: every system call goes through a {@linkcode Platform}.
+ * One file per runtime implements it; the build swaps `current.ts`.
+ *
+ * Every method is synchronous: each maps to one or two non-blocking system
+ * calls, so there is nothing to gain from a thread pool, and a sync core can
+ * serve both `acquire` and `acquireSync`.
+ *
+ * @module
+ */
+
+/** What `stat`/`lstat` tell the core about a file. */
+export interface FileInfo {
+  /** Device number. */
+  dev: number;
+  /** Inode number. */
+  ino: number;
+  /** Size in bytes. */
+  size: number;
+  /** What kind of file this is; `lstat` never follows a symlink. */
+  kind: "file" | "directory" | "symlink" | "other";
+}
+
+/** An open descriptor (close-on-exec) on a regular file. */
+export interface Handle {
+  /**
+   * `flock(fd, (exclusive ? LOCK_EX : LOCK_SH) | LOCK_NB)`.
+   * Returns `false` when it would block; throws {@linkcode SysError} otherwise.
+   */
+  tryLock(exclusive: boolean): boolean;
+  /** `flock(fd, LOCK_UN)`. */
+  unlock(): void;
+  /** Writes all of `data` at the current offset. */
+  write(data: Uint8Array): void;
+  /** Reads up to `max` bytes from offset 0. */
+  readAll(max: number): Uint8Array;
+  /** `fstat(fd)`. */
+  stat(): FileInfo;
+  /** `close(fd)`; drops the flock. Never throws. */
+  close(): void;
+}
+
+/** What a liveness question about a PID can answer. */
+export type Liveness = "alive" | "dead" | "unknown";
+
+/** One runtime's implementation of the system calls the protocol needs. */
+export interface Platform {
+  /** Short runtime name written into the record (`deno`, `node`, `bun`). */
+  readonly runtime: string;
+  /** This process's PID. */
+  readonly pid: number;
+  /** This host's name, or `""` when it cannot be had without asking. */
+  hostname(): string;
+  /**
+   * Creates `path` with `O_CREAT|O_EXCL|O_RDWR|O_CLOEXEC`, mode 0644.
+   * Never follows a symlink (O_EXCL refuses one).
+   */
+  createNew(path: string): Handle;
+  /**
+   * Opens an existing regular file read-only, close-on-exec, without
+   * following a symlink and without blocking on a FIFO.
+   * Throws `SysError` `ELOOP` for a symlink and `EFTYPE` for anything that is
+   * not a regular file.
+   */
+  openExisting(path: string): Handle;
+  /** `link(2)`. */
+  link(existing: string, created: string): void;
+  /** `unlink(2)`. */
+  unlink(path: string): void;
+  /** `lstat(2)`, or `null` when the path does not exist. */
+  lstat(path: string): FileInfo | null;
+  /** `mkdir -p`. */
+  mkdirp(path: string): void;
+  /** Names in a directory. */
+  readDir(path: string): string[];
+  /** `kill(pid, 0)`, answered without ever prompting for a permission. */
+  processAlive(pid: number): Liveness;
+  /** Blocks the calling thread for `ms` milliseconds. */
+  sleepSync(ms: number): void;
+  /**
+   * Calls `onChange` with an entry's name when an entry of `dir` changes,
+   * until the returned function is called. Returns `undefined` when
+   * watching is not possible; callers then poll.
+   */
+  watchDir(
+    dir: string,
+    onChange: (name: string) => void,
+  ): (() => void) | undefined;
+}
+
+/**
+ * A failed system call, with the errno name (`ENOENT`, `EEXIST`, ...) every
+ * runtime agrees on. `NOTCAPABLE` is a Deno permission refusal.
+ */
+export class SysError extends Error {
+  /** The errno name. */
+  readonly code: string;
+  /** The system call. */
+  readonly syscall: string;
+
+  /** Builds the error. */
+  constructor(
+    code: string,
+    syscall: string,
+    message: string,
+    options?: ErrorOptions,
+  ) {
+    super(message, options);
+    this.name = "SysError";
+    this.code = code;
+    this.syscall = syscall;
+  }
+}

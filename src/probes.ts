@@ -1,0 +1,140 @@
+/**
+ * Read-only probes for status commands: {@linkcode held},
+ * {@linkcode activePid} and {@linkcode inspect}. They never take the lock,
+ * never write, and need only read access to the lock's directory.
+ *
+ * By the time you use an answer, the state may have changed: a probe
+ * reports, it does not reserve. To act on "free", {@linkcode acquire}.
+ *
+ * @module
+ */
+
+import { probe } from "./_protocol.ts";
+import { InvalidLockFileError } from "./errors.ts";
+
+/** What {@linkcode inspect} found at a lock path. */
+export interface Inspection {
+  /** The lock file. */
+  path: string;
+  /**
+   * - `free`: no file.
+   * - `held`: a live run holds it (its flock is held, or it is a foreign
+   *   pidfile whose PID is alive or cannot be checked).
+   * - `stale`: a file left by a run that is gone; the next acquire takes it.
+   * - `invalid`: not a lock file runlock can use; see `reason`.
+   */
+  state: "free" | "held" | "stale" | "invalid";
+  /** The PID the file names, or 0 (free, empty, or unreadable). */
+  pid: number;
+  /** The holder's host, or `""` when the record has none. */
+  host: string;
+  /** When the holder took the lock, when the record says. */
+  started: Date | undefined;
+  /** `true` for a plain pidfile written by another tool (no runlock marker). */
+  foreign: boolean;
+  /** For `invalid`: what is wrong with the file. */
+  reason: string | undefined;
+}
+
+/**
+ * Describes the lock at `path` without taking it.
+ *
+ * Permissions (Deno): `--allow-read` for the lock's directory; `--allow-run`
+ * only to judge a foreign pidfile (without it such a file counts as held).
+ *
+ * @param path The lock file.
+ * @returns The state, with the holder's pid, host and start time where known.
+ * @throws {LockPermissionError} the lock's directory cannot be read.
+ *
+ * @example A status command
+ * ```ts
+ * import { acquire, inspect } from "@runlock/runlock";
+ * import assert from "node:assert/strict";
+ *
+ * const dir = await Deno.makeTempDir();
+ * const path = `${dir}/run.lock`;
+ * assert.equal((await inspect(path)).state, "free");
+ * await using lock = await acquire(path);
+ * const info = await inspect(path);
+ * assert.equal(info.state, "held");
+ * assert.equal(info.pid, lock.pid);
+ * ```
+ */
+export function inspect(path: string): Promise<Inspection> {
+  try {
+    const found = probe(path);
+    return Promise.resolve({
+      path,
+      state: found.state,
+      pid: found.pid,
+      host: found.host,
+      started: found.started,
+      foreign: found.foreign,
+      reason: found.reason,
+    });
+  } catch (err) {
+    return Promise.reject(err);
+  }
+}
+
+/**
+ * Whether a live run holds the lock at `path`. A missing file or one left
+ * by a crashed run is not held.
+ *
+ * Permissions (Deno): as for {@linkcode inspect}.
+ *
+ * @param path The lock file.
+ * @returns `true` while a live run holds it.
+ * @throws {InvalidLockFileError} the file is not a lock runlock can use.
+ * @throws {LockPermissionError} the lock's directory cannot be read.
+ *
+ * @example Nothing holds a missing lock
+ * ```ts
+ * import { held } from "@runlock/runlock";
+ * import assert from "node:assert/strict";
+ *
+ * const dir = await Deno.makeTempDir();
+ * assert.equal(await held(`${dir}/run.lock`), false);
+ * ```
+ */
+export async function held(path: string): Promise<boolean> {
+  const info = await inspect(path);
+  if (info.state === "invalid") {
+    throw new InvalidLockFileError(path, info.reason ?? "is invalid");
+  }
+  return info.state === "held";
+}
+
+/**
+ * The PID the lock file names, and whether that run is alive (holds the
+ * lock). A missing file gives `{ pid: 0, alive: false }`; a crashed run's
+ * file gives its PID with `alive: false`.
+ *
+ * Permissions (Deno): as for {@linkcode inspect}.
+ *
+ * @param path The lock file.
+ * @returns `{ pid, alive }`.
+ * @throws {InvalidLockFileError} the file is not a lock runlock can use.
+ * @throws {LockPermissionError} the lock's directory cannot be read.
+ *
+ * @example "a run is already active as pid N"
+ * ```ts
+ * import { acquire, activePid } from "@runlock/runlock";
+ * import assert from "node:assert/strict";
+ *
+ * const dir = await Deno.makeTempDir();
+ * const path = `${dir}/run.lock`;
+ * assert.deepEqual(await activePid(path), { pid: 0, alive: false });
+ * await using _lock = await acquire(path);
+ * assert.deepEqual(await activePid(path), { pid: Deno.pid, alive: true });
+ * ```
+ */
+export async function activePid(
+  path: string,
+): Promise<{ pid: number; alive: boolean }> {
+  const info = await inspect(path);
+  if (info.state === "invalid") {
+    throw new InvalidLockFileError(path, info.reason ?? "is invalid");
+  }
+  return { pid: info.pid, alive: info.state === "held" };
+}

@@ -1,0 +1,108 @@
+/**
+ * The lock record: what the file says about its holder.
+ *
+ * ```
+ * 4242
+ * runlock 1
+ * host=build-7
+ * started=2026-11-30T09:52:11.000Z
+ * ```
+ *
+ * Line 1 is the PID, so `pgrep -F`, `pkill -F` and systemd's `PIDFile=` work.
+ * Line 2 marks the record as governed by flock. A file without the marker is
+ * a foreign pidfile written by some other tool.
+ *
+ * @module
+ */
+
+/** Readers refuse records larger than this many bytes. */
+export const MAX_RECORD_BYTES = 4096;
+
+/** The largest valid PID (`pid_t` is a signed 32-bit integer). */
+export const MAX_PID = 0x7fffffff;
+
+const MARKER = /^runlock [1-9][0-9]{0,8}$/;
+const PID = /^[1-9][0-9]{0,9}$/;
+
+/** A parsed lock file. */
+export type Record =
+  | { kind: "empty" }
+  | {
+    kind: "runlock";
+    pid: number;
+    host: string;
+    started: Date | undefined;
+  }
+  | { kind: "foreign"; pid: number }
+  | { kind: "garbage"; reason: string };
+
+/**
+ * Parses a PID as the protocol allows it: decimal, no sign, no leading zero,
+ * no padding, 1 to 2147483647. Returns 0 for anything else, so no caller can
+ * ever hand `kill` a 0 or a negative number.
+ */
+export function parsePid(text: string): number {
+  if (!PID.test(text)) return 0;
+  const pid = Number(text);
+  return pid <= MAX_PID ? pid : 0;
+}
+
+/** Formats the record this process writes when it takes a lock. */
+export function formatRecord(
+  pid: number,
+  host: string,
+  started: Date,
+  runtime: string,
+): string {
+  let text = `${pid}\nrunlock 1\n`;
+  if (host) text += `host=${host}\n`;
+  return text + `started=${started.toISOString()}\nruntime=${runtime}\n`;
+}
+
+const decoder = new TextDecoder("utf-8", { fatal: true });
+
+/** Parses a lock file's bytes. Never throws. */
+export function parseRecord(bytes: Uint8Array): Record {
+  if (bytes.length === 0) return { kind: "empty" };
+  if (bytes.length > MAX_RECORD_BYTES) {
+    return {
+      kind: "garbage",
+      reason: `larger than ${MAX_RECORD_BYTES} bytes`,
+    };
+  }
+  let text: string;
+  try {
+    text = decoder.decode(bytes);
+  } catch {
+    return { kind: "garbage", reason: "not UTF-8 text" };
+  }
+  const lines = text.split("\n");
+  if (lines.at(-1) === "") lines.pop();
+  const first = (lines[0] ?? "").replace(/\r$/, "");
+  const pid = parsePid(first);
+  if (pid === 0) {
+    const shown = JSON.stringify(first.slice(0, 40));
+    return {
+      kind: "garbage",
+      reason: `first line ${shown} is not a PID from 1 to ${MAX_PID}`,
+    };
+  }
+  if (lines.length < 2 || !MARKER.test(lines[1].replace(/\r$/, ""))) {
+    // A plain pidfile from another tool (pidfile(3), start-stop-daemon, ...).
+    return { kind: "foreign", pid };
+  }
+  let host = "";
+  let started: Date | undefined;
+  for (const line of lines.slice(2)) {
+    const eq = line.indexOf("=");
+    if (eq < 0) continue;
+    const key = line.slice(0, eq);
+    const value = line.slice(eq + 1).replace(/\r$/, "");
+    if (key === "host") host = value;
+    if (key === "started") {
+      const date = new Date(value);
+      if (!Number.isNaN(date.getTime())) started = date;
+    }
+  }
+  return { kind: "runlock", pid, host, started };
+}

@@ -1,0 +1,160 @@
+// Test helpers: temp dirs, and child processes of the runtime under test
+// that take the lock through the public API (tests/fixtures/child.ts).
+import { spawn, spawnSync } from "node:child_process";
+import type { ChildProcess } from "node:child_process";
+import { mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { createInterface } from "node:readline";
+
+const here = new URL(".", import.meta.url).pathname;
+
+/** A fresh temp directory, removed by the returned function. */
+export function tempDir(): { dir: string; cleanup: () => void } {
+  const dir = mkdtempSync(join(tmpdir(), "runlock-test-"));
+  return { dir, cleanup: () => rmSync(dir, { recursive: true, force: true }) };
+}
+
+declare const Deno: { execPath(): string } | undefined;
+
+/**
+ * The command line that runs a fixture under the runtime running the tests.
+ * `denoFlags` replaces `--allow-all` for permission tests.
+ */
+export function fixtureCommand(
+  name: string,
+  args: string[],
+  denoFlags: string[] = ["--allow-all"],
+): [string, string[]] {
+  const script = join(here, "fixtures", name);
+  if (typeof Deno !== "undefined") {
+    return [Deno.execPath(), ["run", "--quiet", ...denoFlags, script, ...args]];
+  }
+  return [process.execPath, [script, ...args]];
+}
+
+/** A JSON line a fixture printed. */
+export interface Event {
+  event: string;
+  pid?: number;
+  host?: string;
+  [key: string]: unknown;
+}
+
+/** A running fixture with a queue of the JSON events it prints. */
+export class Child {
+  readonly proc: ChildProcess;
+  readonly stderr: string[] = [];
+  #events: Event[] = [];
+  #waiters: ((e: Event | undefined) => void)[] = [];
+  #closed = false;
+  readonly exited: Promise<{ code: number | null; signal: string | null }>;
+
+  constructor(name: string, args: string[], denoFlags?: string[]) {
+    const [cmd, argv] = fixtureCommand(name, args, denoFlags);
+    this.proc = spawn(cmd, argv, { stdio: ["pipe", "pipe", "pipe"] });
+    createInterface({ input: this.proc.stdout! }).on("line", (line) => {
+      let event: Event;
+      try {
+        event = JSON.parse(line);
+      } catch {
+        event = { event: "text", text: line };
+      }
+      const waiter = this.#waiters.shift();
+      if (waiter) waiter(event);
+      else this.#events.push(event);
+    });
+    this.proc.stderr!.on("data", (d) => this.stderr.push(String(d)));
+    this.exited = new Promise((resolve) => {
+      this.proc.on("close", (code, signal) => {
+        this.#closed = true;
+        for (const w of this.#waiters.splice(0)) w(undefined);
+        resolve({ code, signal });
+      });
+    });
+  }
+
+  get pid(): number {
+    return this.proc.pid!;
+  }
+
+  /** The next event; rejects if the child exits first or after 20 s. */
+  next(): Promise<Event> {
+    const queued = this.#events.shift();
+    if (queued) return Promise.resolve(queued);
+    if (this.#closed) {
+      return Promise.reject(
+        new Error(`child exited before an event: ${this.stderr.join("")}`),
+      );
+    }
+    return new Promise((resolve, reject) => {
+      const timer = setTimeout(
+        () => reject(new Error(`no event in 20 s: ${this.stderr.join("")}`)),
+        20_000,
+      );
+      this.#waiters.push((e) => {
+        clearTimeout(timer);
+        if (e) resolve(e);
+        else {
+          reject(
+            new Error(`child exited before an event: ${this.stderr.join("")}`),
+          );
+        }
+      });
+    });
+  }
+
+  /** Waits for an event named `name`, failing on anything else. */
+  async expect(name: string): Promise<Event> {
+    const e = await this.next();
+    if (e.event !== name) {
+      throw new Error(
+        `expected ${name}, got ${JSON.stringify(e)} ${this.stderr.join("")}`,
+      );
+    }
+    return e;
+  }
+
+  send(line: string): void {
+    this.proc.stdin!.write(line + "\n");
+  }
+
+  kill(signal: NodeJS.Signals = "SIGKILL"): Promise<unknown> {
+    this.proc.kill(signal);
+    return this.exited;
+  }
+}
+
+/** Starts a fixture holding the lock at `path`; resolves once it holds it. */
+export async function holder(path: string): Promise<Child> {
+  const child = new Child("child.ts", ["hold", path]);
+  await child.expect("acquired");
+  return child;
+}
+
+/** Whether a process exists (for checking that a killed child is gone). */
+export function processExists(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch (err) {
+    return (err as { code?: string }).code === "EPERM";
+  }
+}
+
+/** Runs a command to completion (flock(1), sh) and returns its exit code. */
+export function run(cmd: string, args: string[]): number {
+  const result = spawnSync(cmd, args, { stdio: "ignore" });
+  return result.status ?? -1;
+}
+
+/** Resolves after `ms` milliseconds. */
+export function delay(ms: number): Promise<void> {
+  return new Promise((resolve) => setTimeout(resolve, ms));
+}
+
+/** A PID that no process has: the child of a finished `true`. */
+export function deadPid(): number {
+  const result = spawnSync("true");
+  return result.pid!;
+}

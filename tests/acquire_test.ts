@@ -1,0 +1,461 @@
+// acquire/release across real processes: the record, HeldError, SIGKILL
+// takeover, release safety, children, missing directories.
+import assert from "node:assert/strict";
+import { spawnSync } from "node:child_process";
+import {
+  existsSync,
+  linkSync,
+  readdirSync,
+  readFileSync,
+  renameSync,
+  statSync,
+  unlinkSync,
+  writeFileSync,
+} from "node:fs";
+import { hostname } from "node:os";
+import { join } from "node:path";
+import process from "node:process";
+import { describe, test } from "node:test";
+import {
+  acquire,
+  acquireSync,
+  activePid,
+  held,
+  HeldError,
+  inspect,
+  LockLostError,
+} from "../mod.ts";
+import {
+  Child,
+  deadPid,
+  delay,
+  holder,
+  processExists,
+  tempDir,
+} from "./_helpers.ts";
+
+describe("the record", () => {
+  test("the file's first line is the holder's pid, then the marker and key=value lines", async () => {
+    const { dir, cleanup } = tempDir();
+    try {
+      const path = join(dir, "run.lock");
+      await using lock = await acquire(path);
+      const lines = readFileSync(path, "utf8").split("\n");
+      assert.equal(lines[0], String(process.pid));
+      assert.equal(lock.pid, process.pid);
+      assert.equal(lines[1], "runlock 1");
+      assert.ok(lines.includes(`host=${hostname()}`), lines.join("|"));
+      const started = lines.find((l) => l.startsWith("started="))!;
+      assert.equal(
+        new Date(started.slice(8)).getTime(),
+        lock.acquiredAt.getTime(),
+      );
+      for (const line of lines.slice(2).filter(Boolean)) {
+        assert.match(line, /^[a-z]+=/);
+      }
+    } finally {
+      cleanup();
+    }
+  });
+
+  test('pgrep -F and kill "$(head -n1 file)" find the holder', async () => {
+    const { dir, cleanup } = tempDir();
+    const path = join(dir, "run.lock");
+    const child = await holder(path);
+    try {
+      const pgrep = spawnSync("pgrep", ["-F", path], { encoding: "utf8" });
+      assert.equal(pgrep.stdout.trim(), String(child.pid));
+      const sh = spawnSync("sh", [
+        "-c",
+        `kill -KILL "$(head -n1 "$1")"`,
+        "sh",
+        path,
+      ]);
+      assert.equal(sh.status, 0);
+      const { signal } = await child.exited;
+      assert.equal(signal, "SIGKILL");
+    } finally {
+      await child.kill();
+      cleanup();
+    }
+  });
+
+  test("the record is published whole: a reader polling the path never sees it partial", async () => {
+    const { dir, cleanup } = tempDir();
+    const path = join(dir, "run.lock");
+    // Another process acquires and releases in a loop; we read as fast as
+    // we can. Every read is either nothing or a complete record.
+    const churn = new Child("churn.ts", [path, "1500"]);
+    try {
+      let complete = 0;
+      const until = Date.now() + 1500;
+      while (Date.now() < until) {
+        let text: string;
+        try {
+          text = readFileSync(path, "utf8");
+        } catch {
+          continue;
+        }
+        assert.match(text, /^[1-9][0-9]*\nrunlock 1\n(?:[a-z]+=.*\n)+$/);
+        assert.ok(text.includes("\nruntime="), text);
+        complete++;
+        await delay(0);
+      }
+      assert.ok(complete > 0, "saw at least one record");
+      await child_done(churn);
+    } finally {
+      await churn.kill();
+      cleanup();
+    }
+  });
+});
+
+async function child_done(child: Child): Promise<void> {
+  const { code } = await child.exited;
+  assert.equal(code, 0, child.stderr.join(""));
+}
+
+describe("contention", () => {
+  test("a second process gets HeldError with the holder's pid and host, and every probe agrees", async () => {
+    const { dir, cleanup } = tempDir();
+    const path = join(dir, ".state", "run.lock");
+    const first = await holder(path);
+    try {
+      const second = new Child("child.ts", ["try", path]);
+      const refused = await second.expect("held");
+      assert.equal(refused.holder, first.pid);
+      assert.equal(refused.host, hostname());
+      assert.equal(
+        refused.message,
+        `${path}: another run is active as pid ${first.pid} on ${hostname()}; wait for it or stop it`,
+      );
+      assert.equal((await second.exited).code, 3);
+
+      assert.equal(await held(path), true);
+      assert.deepEqual(await activePid(path), { pid: first.pid, alive: true });
+      const info = await inspect(path);
+      assert.equal(info.state, "held");
+      assert.equal(info.pid, first.pid);
+      assert.equal(info.host, hostname());
+      assert.ok(info.started instanceof Date);
+
+      await assert.rejects(acquire(path), (err) => {
+        assert.ok(err instanceof HeldError);
+        assert.equal(err.pid, first.pid);
+        assert.equal(err.path, path);
+        return true;
+      });
+    } finally {
+      await first.kill();
+      cleanup();
+    }
+  });
+
+  test("a second acquire in the same process is refused too", async () => {
+    const { dir, cleanup } = tempDir();
+    try {
+      const path = join(dir, "run.lock");
+      using _lock = acquireSync(path);
+      assert.throws(() => acquireSync(path), (err) => {
+        assert.ok(err instanceof HeldError);
+        assert.equal(err.pid, process.pid);
+        return true;
+      });
+    } finally {
+      cleanup();
+    }
+  });
+});
+
+describe("crash recovery", () => {
+  test("acquire() takes over a lock whose holder was SIGKILLed, and probes call it stale first", async () => {
+    const { dir, cleanup } = tempDir();
+    const path = join(dir, "run.lock");
+    const first = await holder(path);
+    try {
+      await first.kill("SIGKILL");
+      assert.equal(processExists(first.pid), false);
+      assert.equal(
+        readFileSync(path, "utf8").split("\n")[0],
+        String(first.pid),
+      );
+      assert.equal(await held(path), false);
+      assert.deepEqual(await activePid(path), { pid: first.pid, alive: false });
+      const info = await inspect(path);
+      assert.equal(info.state, "stale");
+      assert.equal(info.pid, first.pid);
+
+      const lock = await acquire(path);
+      assert.equal(
+        readFileSync(path, "utf8").split("\n")[0],
+        String(process.pid),
+      );
+      assert.equal(await held(path), true);
+      await lock.release();
+      assert.equal(existsSync(path), false);
+      assert.deepEqual(readdirSync(dir), []);
+    } finally {
+      cleanup();
+    }
+  });
+
+  test("a record of ours whose pid now belongs to an unrelated live process is still stale (flock decides, not kill)", async () => {
+    const { dir, cleanup } = tempDir();
+    const path = join(dir, "run.lock");
+    // `sleep` is alive and unrelated; the record names it but nobody holds
+    // the flock, as after a crash and PID reuse.
+    const sleeper = spawnSync("sh", [
+      "-c",
+      "sleep 30 >/dev/null 2>&1 & echo $!",
+    ], {
+      encoding: "utf8",
+    });
+    const livePid = Number(sleeper.stdout.trim());
+    try {
+      assert.ok(processExists(livePid));
+      writeFileSync(path, `${livePid}\nrunlock 1\nhost=${hostname()}\n`);
+      assert.equal(await held(path), false);
+      assert.deepEqual(await activePid(path), { pid: livePid, alive: false });
+      assert.equal((await inspect(path)).state, "stale");
+      const lock = await acquire(path);
+      assert.equal(lock.pid, process.pid);
+      await lock.release();
+    } finally {
+      process.kill(livePid, "SIGKILL");
+      cleanup();
+    }
+  });
+
+  test("a record naming this very process but with no flock (a PID-1 container reboot) is stale", async () => {
+    const { dir, cleanup } = tempDir();
+    try {
+      const path = join(dir, "run.lock");
+      writeFileSync(path, `${process.pid}\nrunlock 1\n`);
+      assert.equal((await inspect(path)).state, "stale");
+      const lock = await acquire(path);
+      await lock.release();
+    } finally {
+      cleanup();
+    }
+  });
+});
+
+describe("release", () => {
+  test("release() is idempotent and removes the file", async () => {
+    const { dir, cleanup } = tempDir();
+    try {
+      const path = join(dir, "run.lock");
+      const lock = await acquire(path);
+      assert.equal(lock.released, false);
+      assert.equal(lock.isOwned(), true);
+      await lock.release();
+      await lock.release();
+      lock.releaseSync();
+      assert.equal(lock.released, true);
+      assert.equal(lock.isOwned(), false);
+      assert.equal(existsSync(path), false);
+    } finally {
+      cleanup();
+    }
+  });
+
+  test("release() never deletes a successor's file, and reports that ours was lost", async () => {
+    const { dir, cleanup } = tempDir();
+    const path = join(dir, "run.lock");
+    const lock = await acquire(path);
+    let successor: Child | undefined;
+    try {
+      unlinkSync(path); // someone deletes ours behind our back
+      assert.equal(lock.isOwned(), false);
+      successor = await holder(path); // and another process takes the lock
+      await assert.rejects(lock.release(), (err) => {
+        assert.ok(err instanceof LockLostError);
+        assert.equal(err.pid, process.pid);
+        assert.match(err.message, /was replaced by another file/);
+        return true;
+      });
+      await lock.release(); // idempotent: nothing more to report
+      assert.equal(
+        readFileSync(path, "utf8").split("\n")[0],
+        String(successor.pid),
+      );
+      assert.equal(await held(path), true);
+      successor.send("release");
+      await successor.expect("released");
+      assert.equal(existsSync(path), false);
+    } finally {
+      await successor?.kill();
+      cleanup();
+    }
+  });
+
+  test("release() of a lock whose file was deleted reports it as lost and removes nothing", async () => {
+    const { dir, cleanup } = tempDir();
+    try {
+      const path = join(dir, "run.lock");
+      const lock = acquireSync(path);
+      renameSync(path, join(dir, "moved"));
+      assert.throws(() => lock.releaseSync(), (err) => {
+        assert.ok(err instanceof LockLostError);
+        assert.match(err.message, /was deleted/);
+        return true;
+      });
+      assert.ok(existsSync(join(dir, "moved")));
+    } finally {
+      cleanup();
+    }
+  });
+
+  test("await using releases at the end of the block", async () => {
+    const { dir, cleanup } = tempDir();
+    try {
+      const path = join(dir, "run.lock");
+      {
+        await using lock = await acquire(path);
+        assert.equal(await held(lock.path), true);
+      }
+      assert.equal(existsSync(path), false);
+      {
+        using _lock = acquireSync(path);
+      }
+      assert.equal(existsSync(path), false);
+    } finally {
+      cleanup();
+    }
+  });
+});
+
+describe("children", () => {
+  test("a child process started by the holder never keeps the lock alive after the holder dies", async () => {
+    const { dir, cleanup } = tempDir();
+    const path = join(dir, "run.lock");
+    const first = await holder(path);
+    let grandchild = 0;
+    try {
+      first.send("spawn");
+      grandchild = Number((await first.expect("spawned")).child);
+      assert.ok(processExists(grandchild));
+      await first.kill("SIGKILL");
+      assert.ok(
+        processExists(grandchild),
+        "the grandchild outlives the holder",
+      );
+      assert.equal(await held(path), false);
+      const lock = await acquire(path);
+      await lock.release();
+    } finally {
+      if (grandchild) process.kill(grandchild, "SIGKILL");
+      cleanup();
+    }
+  });
+});
+
+describe("directories", () => {
+  test("missing parent directories are created", async () => {
+    const { dir, cleanup } = tempDir();
+    try {
+      const path = join(dir, "a", "b", ".state", "run.lock");
+      const lock = await acquire(path);
+      assert.ok(statSync(join(dir, "a", "b", ".state")).isDirectory());
+      await lock.release();
+      assert.deepEqual(readdirSync(join(dir, "a", "b", ".state")), []);
+    } finally {
+      cleanup();
+    }
+  });
+
+  test("a relative path works and is reported as given", async () => {
+    const { dir, cleanup } = tempDir();
+    const cwd = process.cwd();
+    try {
+      process.chdir(dir);
+      const lock = await acquire(".state/run.lock");
+      assert.equal(lock.path, ".state/run.lock");
+      await assert.rejects(
+        acquire(".state/run.lock"),
+        /^HeldError: \.state\/run\.lock: another run/,
+      );
+      await lock.release();
+    } finally {
+      process.chdir(cwd);
+      cleanup();
+    }
+  });
+});
+
+describe("foreign pidfiles (seed policy)", () => {
+  test("a plain pidfile naming a dead pid is stale and taken over", async () => {
+    const { dir, cleanup } = tempDir();
+    try {
+      const path = join(dir, "run.pid");
+      const dead = deadPid();
+      writeFileSync(path, `${dead}\n`);
+      const info = await inspect(path);
+      assert.equal(info.state, "stale");
+      assert.equal(info.foreign, true);
+      assert.equal(info.pid, dead);
+      const lock = await acquire(path);
+      await lock.release();
+    } finally {
+      cleanup();
+    }
+  });
+
+  test("a plain pidfile naming a live pid is held, and left alone", async () => {
+    const { dir, cleanup } = tempDir();
+    const sleeper = new Child("sleep.ts", []);
+    try {
+      await sleeper.expect("ready");
+      const path = join(dir, "run.pid");
+      writeFileSync(path, `${sleeper.pid}\n`);
+      assert.equal(await held(path), true);
+      assert.deepEqual(await activePid(path), {
+        pid: sleeper.pid,
+        alive: true,
+      });
+      await assert.rejects(acquire(path), (err) => {
+        assert.ok(err instanceof HeldError);
+        assert.equal(err.pid, sleeper.pid);
+        return true;
+      });
+      assert.equal(readFileSync(path, "utf8"), `${sleeper.pid}\n`);
+    } finally {
+      await sleeper.kill();
+      cleanup();
+    }
+  });
+
+  test("an empty file left by flock(1) or touch is stale and taken over", async () => {
+    const { dir, cleanup } = tempDir();
+    try {
+      const path = join(dir, "run.lock");
+      writeFileSync(path, "");
+      assert.equal((await inspect(path)).state, "stale");
+      assert.equal(await held(path), false);
+      const lock = await acquire(path);
+      assert.equal(
+        readFileSync(path, "utf8").split("\n")[0],
+        String(process.pid),
+      );
+      await lock.release();
+    } finally {
+      cleanup();
+    }
+  });
+});
+
+describe("hard links", () => {
+  test("the lock's inode is the one the path names (link, not copy)", async () => {
+    const { dir, cleanup } = tempDir();
+    try {
+      const path = join(dir, "run.lock");
+      const lock = await acquire(path);
+      assert.equal(statSync(path).nlink, 1, "the temp name is gone");
+      linkSync(path, join(dir, "other-name"));
+      await lock.release();
+      assert.ok(existsSync(join(dir, "other-name")));
+    } finally {
+      cleanup();
+    }
+  });
+});
