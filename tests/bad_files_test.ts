@@ -1,0 +1,151 @@
+// Bad lock files get a typed error naming the file, and are left exactly as
+// they were: no write, no unlink, no rename, symlinks never followed.
+import assert from "node:assert/strict";
+import { spawnSync } from "node:child_process";
+import {
+  lstatSync,
+  mkdirSync,
+  readFileSync,
+  readlinkSync,
+  symlinkSync,
+  writeFileSync,
+} from "node:fs";
+import { join } from "node:path";
+import { describe, test } from "node:test";
+import {
+  acquire,
+  acquireSync,
+  activePid,
+  held,
+  inspect,
+  InvalidLockFileError,
+} from "../mod.ts";
+import { deadPid, tempDir } from "./_helpers.ts";
+
+function snapshot(path: string): string {
+  const s = lstatSync(path);
+  let content = "";
+  if (s.isFile()) content = readFileSync(path, "latin1");
+  if (s.isSymbolicLink()) content = readlinkSync(path);
+  return JSON.stringify([s.ino, s.mode, s.size, s.mtimeMs, s.nlink, content]);
+}
+
+async function assertRefused(path: string, reason: RegExp): Promise<void> {
+  const before = snapshot(path);
+  const check = (err: unknown) => {
+    assert.ok(err instanceof InvalidLockFileError, String(err));
+    assert.equal(err.path, path);
+    assert.match(err.reason, reason);
+    assert.ok(err.message.startsWith(`${path}: `), err.message);
+    return true;
+  };
+  await assert.rejects(acquire(path), check);
+  assert.throws(() => acquireSync(path), check);
+  await assert.rejects(acquire(path, { timeout: 50 }), check);
+  await assert.rejects(held(path), check);
+  await assert.rejects(activePid(path), check);
+  const info = await inspect(path);
+  assert.equal(info.state, "invalid");
+  assert.match(info.reason ?? "", reason);
+  assert.equal(snapshot(path), before, "the file is left exactly as it was");
+}
+
+describe("bad lock files", () => {
+  const contents: [string, string, RegExp][] = [
+    ["garbage", "hello world\n", /not a PID/],
+    ["zero (kill(0) would probe our own group)", "0\n", /not a PID/],
+    ["minus one (kill(-1) would probe every process)", "-1\n", /not a PID/],
+    ["a sign", "+5\n", /not a PID/],
+    ["trailing junk", "12x\n", /not a PID/],
+    ["leading zero", "0123\n", /not a PID/],
+    ["padding", " 42\n", /not a PID/],
+    ["a pid over 2^31-1", "2147483648\n", /not a PID/],
+    ["a huge number", "99999999999999999999\n", /not a PID/],
+    ["our marker with pid 0", "0\nrunlock 1\n", /not a PID/],
+    [
+      "more than 4 KiB",
+      `${deadPid()}\nrunlock 1\n${"x".repeat(5000)}\n`,
+      /larger than 4096/,
+    ],
+    ["binary", "\u0000\u0001\u0002", /not a PID/],
+  ];
+  for (const [name, content, reason] of contents) {
+    test(`a file holding ${name} is refused as invalid and left untouched`, async () => {
+      const { dir, cleanup } = tempDir();
+      try {
+        const path = join(dir, "run.lock");
+        writeFileSync(path, content);
+        await assertRefused(path, reason);
+      } finally {
+        cleanup();
+      }
+    });
+  }
+
+  test("a directory at the path is refused as invalid and left untouched", async () => {
+    const { dir, cleanup } = tempDir();
+    try {
+      const path = join(dir, "run.lock");
+      mkdirSync(path);
+      writeFileSync(join(path, "inside"), "x");
+      await assertRefused(path, /is a directory/);
+    } finally {
+      cleanup();
+    }
+  });
+
+  test("a FIFO at the path is refused without hanging", async () => {
+    const { dir, cleanup } = tempDir();
+    try {
+      const path = join(dir, "run.lock");
+      assert.equal(spawnSync("mkfifo", [path]).status, 0);
+      await assertRefused(path, /not a regular file/);
+    } finally {
+      cleanup();
+    }
+  });
+
+  test("a symlink at the path is never followed, and its target is never touched", async () => {
+    const { dir, cleanup } = tempDir();
+    try {
+      // The target looks like a stale lock: following the link would take
+      // it over and delete it.
+      const target = join(dir, "target");
+      writeFileSync(target, `${deadPid()}\nrunlock 1\n`);
+      const path = join(dir, "run.lock");
+      symlinkSync(target, path);
+      const targetBefore = snapshot(target);
+      await assertRefused(path, /symbolic link/);
+      assert.equal(snapshot(target), targetBefore);
+    } finally {
+      cleanup();
+    }
+  });
+
+  test("a dangling symlink at the path is refused, and nothing is created at its target", async () => {
+    const { dir, cleanup } = tempDir();
+    try {
+      const path = join(dir, "run.lock");
+      symlinkSync(join(dir, "nowhere"), path);
+      await assertRefused(path, /symbolic link/);
+      assert.throws(() => lstatSync(join(dir, "nowhere")), /ENOENT/);
+    } finally {
+      cleanup();
+    }
+  });
+});
+
+describe("bad arguments", () => {
+  test("acquire() rejects a bad path or timeout with a message naming the value", async () => {
+    await assert.rejects(acquire(""), /'path' must be a non-empty string/);
+    await assert.rejects(acquire("a/"), /'path' must name a file/);
+    await assert.rejects(
+      acquire("x.lock", { timeout: -1 }),
+      /'timeout' must be a non-negative number of milliseconds: current value is -1/,
+    );
+    assert.throws(
+      () => acquireSync("x.lock", { timeout: Number.NaN }),
+      RangeError,
+    );
+  });
+});

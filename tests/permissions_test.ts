@@ -1,0 +1,118 @@
+// Deno permissions: the lock works with read and write access to its own
+// directory and nothing else, and never prompts. (Deno only: Node and Bun
+// have no permission system, so these tests are skipped there.)
+import assert from "node:assert/strict";
+import { spawnSync } from "node:child_process";
+import { writeFileSync } from "node:fs";
+import { join } from "node:path";
+import { describe, test } from "node:test";
+import { Child, deadPid, fixtureCommand, tempDir } from "./_helpers.ts";
+
+const isDeno = "Deno" in globalThis;
+
+function only(dir: string, write = true): string[] {
+  const flags = [`--allow-read=${dir}`, "--no-prompt"];
+  if (write) flags.push(`--allow-write=${dir}`);
+  return flags;
+}
+
+describe("Deno permissions", { skip: !isDeno }, () => {
+  test("with only --allow-read and --allow-write on the lock's directory: acquire, HeldError, probes and release all work", async () => {
+    const { dir, cleanup } = tempDir();
+    const path = join(dir, "state", "run.lock");
+    const holder = new Child("child.ts", ["hold", path], only(dir));
+    try {
+      const acquired = await holder.expect("acquired");
+      const contender = new Child("child.ts", ["try", path], only(dir));
+      const refused = await contender.expect("held");
+      assert.equal(refused.holder, acquired.pid);
+      // No --allow-sys: the host name is simply not recorded.
+      assert.equal(refused.host, "");
+      assert.match(
+        String(refused.message),
+        new RegExp(
+          `another run is active as pid ${acquired.pid}; wait for it or stop it$`,
+        ),
+      );
+
+      const prober = new Child("child.ts", ["probe", path], only(dir, false));
+      const probe = await prober.expect("probe");
+      assert.equal(probe.state, "held");
+      assert.equal(probe.holder, acquired.pid);
+
+      holder.send("release");
+      await holder.expect("released");
+      const after = new Child("child.ts", ["probe", path], only(dir, false));
+      assert.equal((await after.expect("probe")).state, "free");
+    } finally {
+      await holder.kill();
+      cleanup();
+    }
+  });
+
+  test("a SIGKILLed holder's file is taken over with only directory access", async () => {
+    const { dir, cleanup } = tempDir();
+    const path = join(dir, "run.lock");
+    try {
+      const first = new Child("child.ts", ["hold", path], only(dir));
+      await first.expect("acquired");
+      await first.kill("SIGKILL");
+      const second = new Child("child.ts", ["try", path], only(dir));
+      await second.expect("acquired");
+      assert.equal((await second.exited).code, 0);
+    } finally {
+      cleanup();
+    }
+  });
+
+  test("without --allow-write, acquire fails with LockPermissionError naming the grant, never a prompt", async () => {
+    const { dir, cleanup } = tempDir();
+    try {
+      const path = join(dir, "run.lock");
+      // `script` gives the child a terminal, where Deno would prompt and
+      // hang if runlock asked for a permission instead of querying it.
+      const [cmd, args] = fixtureCommand("child.ts", ["try", path], [
+        `--allow-read=${dir}`,
+      ]);
+      const line = [cmd, ...args].map((a) => `'${a}'`).join(" ");
+      const result = spawnSync("script", ["-qec", line, "/dev/null"], {
+        encoding: "utf8",
+        timeout: 20_000,
+        input: "",
+      });
+      assert.equal(
+        result.error,
+        undefined,
+        "the child did not hang on a prompt",
+      );
+      assert.doesNotMatch(result.stdout, /Deno requests/);
+      const event = JSON.parse(result.stdout.trim().split("\n").pop()!);
+      assert.equal(event.event, "error");
+      assert.equal(event.name, "LockPermissionError");
+      assert.match(event.message, new RegExp(`--allow-write=${dir}`));
+    } finally {
+      cleanup();
+    }
+  });
+
+  test("without --allow-run a foreign pidfile cannot be proven dead, so it counts as held", async () => {
+    const { dir, cleanup } = tempDir();
+    try {
+      const path = join(dir, "run.pid");
+      const dead = deadPid();
+      writeFileSync(path, `${dead}\n`);
+      const prober = new Child("child.ts", ["probe", path], only(dir));
+      assert.equal((await prober.expect("probe")).state, "held");
+      const contender = new Child("child.ts", ["try", path], only(dir));
+      assert.equal((await contender.expect("held")).holder, dead);
+      // With --allow-run, kill(pid, 0) proves it dead.
+      const allowed = new Child("child.ts", ["try", path], [
+        ...only(dir),
+        "--allow-run",
+      ]);
+      await allowed.expect("acquired");
+    } finally {
+      cleanup();
+    }
+  });
+});

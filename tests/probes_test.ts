@@ -1,0 +1,70 @@
+// Probes are read-only and never mistake each other for a holder.
+import assert from "node:assert/strict";
+import { spawn } from "node:child_process";
+import { readFileSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
+import { describe, test } from "node:test";
+import { acquire, activePid, ContendedError, held, inspect } from "../mod.ts";
+import { Child, deadPid, delay, tempDir } from "./_helpers.ts";
+
+describe("probes", () => {
+  test("a missing file is free: held false, activePid {0, false}, inspect free", async () => {
+    const { dir, cleanup } = tempDir();
+    try {
+      const path = join(dir, "run.lock");
+      assert.equal(await held(path), false);
+      assert.deepEqual(await activePid(path), { pid: 0, alive: false });
+      const info = await inspect(path);
+      assert.deepEqual(info, {
+        path,
+        state: "free",
+        pid: 0,
+        host: "",
+        started: undefined,
+        foreign: false,
+        reason: undefined,
+      });
+    } finally {
+      cleanup();
+    }
+  });
+
+  test("two probers at once never see each other as a holder", async () => {
+    const { dir, cleanup } = tempDir();
+    try {
+      const path = join(dir, "run.lock");
+      const dead = deadPid();
+      writeFileSync(path, `${dead}\nrunlock 1\n`);
+      const probers = Array.from(
+        { length: 4 },
+        () => new Child("probe_loop.ts", [path, "3000"]),
+      );
+      const results = await Promise.all(probers.map((p) => p.expect("done")));
+      for (const { seen } of results) {
+        assert.deepEqual(seen, { stale: 3000 });
+      }
+      assert.equal(readFileSync(path, "utf8"), `${dead}\nrunlock 1\n`);
+    } finally {
+      cleanup();
+    }
+  });
+
+  test("a prober holding its shared lock makes acquire back off, not fail as held", async () => {
+    const { dir, cleanup } = tempDir();
+    try {
+      const path = join(dir, "run.lock");
+      writeFileSync(path, `${deadPid()}\nrunlock 1\n`);
+      // flock -s stands for a prober caught in the middle of its probe.
+      const prober = spawn("flock", ["-s", path, "sleep", "1.5"]);
+      await delay(150);
+      assert.equal(await held(path), false);
+      await assert.rejects(acquire(path), ContendedError);
+      const lock = await acquire(path, { timeout: 5000 });
+      assert.equal(await held(path), true);
+      await lock.release();
+      prober.kill();
+    } finally {
+      cleanup();
+    }
+  });
+});

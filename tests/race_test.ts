@@ -1,0 +1,85 @@
+// Takeover is race-free: many processes released at the same instant at one
+// stale file, many rounds, exactly one winner each round. The same harness
+// run against the plain "read pid, remove, retry" pidfile (the control in
+// fixtures/race.ts) must catch it electing two winners, which is what proves
+// the harness can see the race at all.
+import assert from "node:assert/strict";
+import { writeFileSync } from "node:fs";
+import { join } from "node:path";
+import process from "node:process";
+import { describe, test } from "node:test";
+import { Child, deadPid, tempDir } from "./_helpers.ts";
+
+const CONTENDERS = 6;
+
+/** Runs `rounds` rounds; returns the number of winners in each. */
+async function race(
+  design: "runlock" | "naive",
+  rounds: number,
+  check: (winners: number, reports: Record<string, unknown>[]) => void,
+): Promise<number[]> {
+  const { dir, cleanup } = tempDir();
+  const path = join(dir, "run.lock");
+  const children = Array.from(
+    { length: CONTENDERS },
+    () => new Child("race.ts", [design, path]),
+  );
+  const counts: number[] = [];
+  try {
+    await Promise.all(children.map((c) => c.expect("ready")));
+    for (let round = 0; round < rounds; round++) {
+      const dead = deadPid();
+      // A crashed holder's file: runlock's record, or a plain pidfile.
+      writeFileSync(
+        path,
+        design === "runlock" ? `${dead}\nrunlock 1\nhost=gone\n` : `${dead}\n`,
+      );
+      const at = Date.now() + 40;
+      for (const c of children) c.send(`go ${at}`);
+      const reports = await Promise.all(children.map((c) => c.next()));
+      const winners = reports.filter((r) => r.event === "won");
+      counts.push(winners.length);
+      check(winners.length, reports);
+      for (const c of children) {
+        if (reports[children.indexOf(c)].event === "won") {
+          c.send("release");
+          await c.expect("released");
+        }
+      }
+    }
+    return counts;
+  } finally {
+    await Promise.all(children.map((c) => c.kill()));
+    cleanup();
+  }
+}
+
+describe("stale takeover races", () => {
+  test("many processes released at once at one stale file: exactly one winner each round", async () => {
+    const rounds = Number(process.env.RUNLOCK_RACE_ROUNDS ?? 25);
+    await race("runlock", rounds, (winners, reports) => {
+      assert.equal(winners, 1, JSON.stringify(reports));
+      const winner = reports.find((r) => r.event === "won")!.pid;
+      for (const r of reports) {
+        assert.ok(r.event === "won" || r.event === "lost", JSON.stringify(r));
+        if (r.event === "lost") {
+          assert.equal(r.holder, winner, "losers name the winner");
+        }
+      }
+    });
+  });
+
+  test("control: the same harness catches the plain read-pid-remove-retry design electing two winners", async () => {
+    // Bounded: stop at the first double win.
+    let doubled = false;
+    for (let batch = 0; batch < 8 && !doubled; batch++) {
+      const counts = await race("naive", 15, () => {});
+      doubled = counts.some((n) => n > 1);
+      console.log("naive winners per round", counts.join(","));
+    }
+    assert.ok(
+      doubled,
+      "the naive design should have elected two winners at least once",
+    );
+  });
+});
