@@ -1,0 +1,87 @@
+// Litter: a process killed between creating its temp file and linking it
+// leaves the temp file; it is swept only once no live process holds it.
+import assert from "node:assert/strict";
+import { existsSync, readdirSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
+import { describe, test } from "node:test";
+import { acquire } from "../mod.ts";
+import { Child, deadPid, holder, tempDir } from "./_helpers.ts";
+
+async function litter(path: string): Promise<Child> {
+  const child = new Child("litter.ts", [path]);
+  await child.expect("ready");
+  return child;
+}
+
+describe("litter", () => {
+  test("a temp file whose creator is alive is never swept", async () => {
+    const { dir, cleanup } = tempDir();
+    const path = join(dir, "run.lock");
+    const creator = await litter(path);
+    try {
+      const [temp] = readdirSync(dir);
+      assert.match(temp, /^\.run\.lock\.[0-9a-f]{16}\.tmp$/);
+      const lock = await acquire(path);
+      await lock.release();
+      assert.deepEqual(readdirSync(dir), [temp]);
+    } finally {
+      await creator.kill();
+      cleanup();
+    }
+  });
+
+  test("a temp file left by a process SIGKILLed before its link is swept by the next acquire", async () => {
+    const { dir, cleanup } = tempDir();
+    const path = join(dir, "run.lock");
+    try {
+      const creator = await litter(path);
+      await creator.kill("SIGKILL");
+      assert.equal(readdirSync(dir).length, 1);
+      const lock = await acquire(path);
+      await lock.release();
+      assert.deepEqual(readdirSync(dir), []);
+    } finally {
+      cleanup();
+    }
+  });
+
+  test("after any number of kills, one clean acquire and release leaves the directory as it was", async () => {
+    const { dir, cleanup } = tempDir();
+    const path = join(dir, "run.lock");
+    try {
+      writeFileSync(join(dir, "unrelated.txt"), "keep me");
+      writeFileSync(join(dir, ".run.lock.notours.tmp"), "keep me too");
+      const creators = await Promise.all(
+        [1, 2, 3, 4, 5].map(() => litter(path)),
+      );
+      const first = await holder(path);
+      await Promise.all([...creators, first].map((c) => c.kill("SIGKILL")));
+      assert.equal(readdirSync(dir).length, 8);
+      const lock = await acquire(path);
+      await lock.release();
+      assert.deepEqual(readdirSync(dir).sort(), [
+        ".run.lock.notours.tmp",
+        "unrelated.txt",
+      ]);
+    } finally {
+      cleanup();
+    }
+  });
+
+  test("a stale takeover sweeps again, even in a process that swept this path before", async () => {
+    const { dir, cleanup } = tempDir();
+    const path = join(dir, "run.lock");
+    try {
+      await (await acquire(path)).release(); // this process's one-time sweep
+      const creator = await litter(path);
+      await creator.kill("SIGKILL");
+      writeFileSync(path, `${deadPid()}\nrunlock 1\n`); // and a crashed holder
+      const lock = await acquire(path);
+      await lock.release();
+      assert.deepEqual(readdirSync(dir), []);
+      assert.equal(existsSync(path), false);
+    } finally {
+      cleanup();
+    }
+  });
+});

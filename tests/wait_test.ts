@@ -1,0 +1,114 @@
+// Waiting: timeout and AbortSignal; the waiter retries the non-blocking
+// attempt and never blocks a thread in flock, so the event loop runs on.
+import assert from "node:assert/strict";
+import { readdirSync } from "node:fs";
+import { join } from "node:path";
+import process from "node:process";
+import { describe, test } from "node:test";
+import { acquire, acquireSync, held, HeldError } from "../mod.ts";
+import { Child, delay, holder, tempDir } from "./_helpers.ts";
+
+describe("waiting", () => {
+  test("a waiter with a timeout gets the lock once the holder releases it", async () => {
+    const { dir, cleanup } = tempDir();
+    const path = join(dir, "run.lock");
+    const first = await holder(path);
+    try {
+      const waiting = acquire(path, { timeout: 20_000 });
+      await delay(200);
+      assert.equal(await held(path), true);
+      first.send("release");
+      const released = await first.expect("released");
+      const lock = await waiting;
+      const latency = Date.now() - Number(released.at ?? Date.now());
+      assert.equal(lock.pid, process.pid);
+      assert.equal(lock.isOwned(), true);
+      console.log(
+        `hand-off after release: ~${latency} ms (reported, not asserted)`,
+      );
+      await lock.release();
+    } finally {
+      await first.kill();
+      cleanup();
+    }
+  });
+
+  test("a waiter gets the lock when the holder is SIGKILLed (no file event: the poll sees it)", async () => {
+    const { dir, cleanup } = tempDir();
+    const path = join(dir, "run.lock");
+    const first = await holder(path);
+    try {
+      const waiter = new Child("child.ts", ["hold", path, "20000"]);
+      await delay(300);
+      await first.kill("SIGKILL");
+      const got = await waiter.expect("acquired");
+      assert.equal(got.pid, waiter.pid);
+      await waiter.kill();
+    } finally {
+      cleanup();
+    }
+  });
+
+  test("timeout expiry rejects with HeldError naming the holder, and leaves no temp file", async () => {
+    const { dir, cleanup } = tempDir();
+    const path = join(dir, "run.lock");
+    const first = await holder(path);
+    try {
+      const started = performance.now();
+      await assert.rejects(acquire(path, { timeout: 300 }), (err) => {
+        assert.ok(err instanceof HeldError);
+        assert.equal(err.pid, first.pid);
+        return true;
+      });
+      assert.ok(performance.now() - started >= 299, "it did wait");
+      assert.throws(() => acquireSync(path, { timeout: 100 }), HeldError);
+      assert.deepEqual(readdirSync(dir), ["run.lock"]);
+    } finally {
+      await first.kill();
+      cleanup();
+    }
+  });
+
+  test("abort rejects with the signal's reason and leaves no temp file", async () => {
+    const { dir, cleanup } = tempDir();
+    const path = join(dir, "run.lock");
+    const first = await holder(path);
+    try {
+      const controller = new AbortController();
+      const reason = new Error("shutting down");
+      const waiting = acquire(path, {
+        timeout: Infinity,
+        signal: controller.signal,
+      });
+      setTimeout(() => controller.abort(reason), 150);
+      await assert.rejects(waiting, (err) => err === reason);
+      assert.deepEqual(readdirSync(dir), ["run.lock"]);
+
+      const aborted = AbortSignal.abort(reason);
+      await assert.rejects(
+        acquire(path, { signal: aborted }),
+        (err) => err === reason,
+      );
+      assert.equal(await held(path), true);
+    } finally {
+      await first.kill();
+      cleanup();
+    }
+  });
+
+  test("waiting never blocks the event loop: timers keep firing", async () => {
+    const { dir, cleanup } = tempDir();
+    const path = join(dir, "run.lock");
+    const first = await holder(path);
+    try {
+      let ticks = 0;
+      const timer = setInterval(() => ticks++, 10);
+      await assert.rejects(acquire(path, { timeout: 500 }), HeldError);
+      clearInterval(timer);
+      assert.ok(ticks >= 10, `only ${ticks} ticks in 500 ms`);
+    } finally {
+      await first.kill();
+      cleanup();
+    }
+  });
+});
