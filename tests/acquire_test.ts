@@ -151,7 +151,7 @@ describe("contention", () => {
     }
   });
 
-  test("a second acquire in the same process is refused too", async () => {
+  test("a second acquire in the same process is refused too", () => {
     const { dir, cleanup } = tempDir();
     try {
       const path = join(dir, "run.lock");
@@ -289,7 +289,7 @@ describe("release", () => {
     }
   });
 
-  test("release() of a lock whose file was deleted reports it as lost and removes nothing", async () => {
+  test("release() of a lock whose file was deleted reports it as lost and removes nothing", () => {
     const { dir, cleanup } = tempDir();
     try {
       const path = join(dir, "run.lock");

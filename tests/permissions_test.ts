@@ -65,7 +65,7 @@ describe("Deno permissions", { skip: !isDeno }, () => {
     }
   });
 
-  test("without --allow-write, acquire fails with LockPermissionError naming the grant, never a prompt", async () => {
+  test("without --allow-write, acquire fails with LockPermissionError naming the grant, never a prompt", () => {
     const { dir, cleanup } = tempDir();
     try {
       const path = join(dir, "run.lock");
