@@ -19,7 +19,21 @@ import { ContendedError, HeldError, LockLostError } from "./errors.ts";
 import { platform as p } from "./platform/current.ts";
 import type { FileInfo, Handle } from "./platform/types.ts";
 
-/** Options for {@linkcode acquire} and {@linkcode acquireSync}. */
+/**
+ * Options for {@linkcode acquire} and {@linkcode acquireSync}.
+ *
+ * @example Waiting up to 5 seconds, or until shutdown
+ * ```ts
+ * import { acquire, type AcquireOptions } from "@runlock/runlock";
+ *
+ * const dir = await Deno.makeTempDir();
+ * const options: AcquireOptions = {
+ *   timeout: 5_000,
+ *   signal: AbortSignal.timeout(10_000),
+ * };
+ * await using _lock = await acquire(`${dir}/run.lock`, options);
+ * ```
+ */
 export interface AcquireOptions {
   /**
    * How long to keep trying while another run holds the lock, in
@@ -38,6 +52,20 @@ export interface AcquireOptions {
  * A held run lock. Release it exactly once, best with `using`/`await using`;
  * if the process dies instead, the kernel drops the flock and the next
  * {@linkcode acquire} takes the file over.
+ *
+ * @example Checking that nobody removed the file during a long run
+ * ```ts
+ * import { acquire, LockLostError } from "@runlock/runlock";
+ * import assert from "node:assert/strict";
+ *
+ * const dir = await Deno.makeTempDir();
+ * const lock = await acquire(`${dir}/run.lock`);
+ * assert.equal(lock.isOwned(), true);
+ * await Deno.remove(lock.path); // a careless cleanup job
+ * assert.equal(lock.isOwned(), false);
+ * await assert.rejects(lock.release(), LockLostError);
+ * assert.equal(lock.released, true);
+ * ```
  */
 export interface Lock extends Disposable, AsyncDisposable {
   /** The lock file, as passed to {@linkcode acquire}. */

@@ -12,7 +12,24 @@
 import { probe } from "./_protocol.ts";
 import { InvalidLockFileError } from "./errors.ts";
 
-/** What {@linkcode inspect} found at a lock path. */
+/**
+ * What {@linkcode inspect} found at a lock path.
+ *
+ * @example Describing a crashed run's file
+ * ```ts
+ * import { inspect, type Inspection } from "@runlock/runlock";
+ * import assert from "node:assert/strict";
+ *
+ * const dir = await Deno.makeTempDir();
+ * const path = `${dir}/run.lock`;
+ * // A record whose holder is gone: nobody holds its flock.
+ * await Deno.writeTextFile(path, "4242\nrunlock 1\nhost=build-7\n");
+ * const info: Inspection = await inspect(path);
+ * assert.equal(info.state, "stale");
+ * assert.equal(info.pid, 4242);
+ * assert.equal(info.host, "build-7");
+ * ```
+ */
 export interface Inspection {
   /** The lock file. */
   path: string;
