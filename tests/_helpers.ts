@@ -5,6 +5,7 @@ import type { ChildProcess } from "node:child_process";
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import process from "node:process";
 import { createInterface } from "node:readline";
 
 const here = new URL(".", import.meta.url).pathname;
@@ -17,6 +18,17 @@ export function tempDir(): { dir: string; cleanup: () => void } {
 
 declare const Deno: { execPath(): string } | undefined;
 
+/** Which runtime runs the tests: "deno", "node" or "bun". */
+export const runtime: "deno" | "node" | "bun" = typeof Deno !== "undefined"
+  ? "deno"
+  : "Bun" in globalThis
+  ? "bun"
+  : "node";
+
+// Under Deno the fixtures are the .ts sources; under Node and Bun they are
+// the .js files that scripts/build_npm.ts compiled next to these helpers.
+const extension = import.meta.url.endsWith(".ts") ? ".ts" : ".js";
+
 /**
  * The command line that runs a fixture under the runtime running the tests.
  * `denoFlags` replaces `--allow-all` for permission tests.
@@ -26,9 +38,15 @@ export function fixtureCommand(
   args: string[],
   denoFlags: string[] = ["--allow-all"],
 ): [string, string[]] {
-  const script = join(here, "fixtures", name);
-  if (typeof Deno !== "undefined") {
-    return [Deno.execPath(), ["run", "--quiet", ...denoFlags, script, ...args]];
+  const script = join(here, "fixtures", name.replace(/\.ts$/, extension));
+  if (runtime === "deno") {
+    return [Deno!.execPath(), [
+      "run",
+      "--quiet",
+      ...denoFlags,
+      script,
+      ...args,
+    ]];
   }
   return [process.execPath, [script, ...args]];
 }

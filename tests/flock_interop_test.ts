@@ -3,6 +3,7 @@
 import assert from "node:assert/strict";
 import { spawn, spawnSync } from "node:child_process";
 import { join } from "node:path";
+import process from "node:process";
 import { describe, test } from "node:test";
 import { acquire, activePid, held, HeldError, inspect } from "../mod.ts";
 import { delay, holder, run, tempDir } from "./_helpers.ts";
@@ -54,7 +55,10 @@ describe("flock interop", () => {
     const { dir, cleanup } = tempDir();
     const path = join(dir, "run.lock");
     // flock(1) creates the file empty and holds it: no pid to name.
-    const tool = spawn("flock", [path, "sleep", "30"]);
+    const tool = spawn("flock", [path, "sleep", "30"], {
+      stdio: "ignore",
+      detached: true, // its own process group: flock and its sleep die together
+    });
     try {
       await delay(200);
       assert.equal(await held(path), true);
@@ -67,7 +71,7 @@ describe("flock interop", () => {
         return true;
       });
     } finally {
-      tool.kill("SIGKILL");
+      process.kill(-tool.pid!, "SIGKILL");
       cleanup();
     }
   });
@@ -82,7 +86,7 @@ describe("flock interop", () => {
         'exec 9>"$1"; flock -n 9 || exit 1; echo $$ >&9; exec sleep 30',
         "sh",
         path,
-      ]);
+      ], { stdio: "ignore" });
       await delay(300);
       assert.equal(await held(path), true);
       await assert.rejects(acquire(path), (err) => {

@@ -1,16 +1,36 @@
 // Litter: a process killed between creating its temp file and linking it
 // leaves the temp file; it is swept only once no live process holds it.
 import assert from "node:assert/strict";
+import { spawn } from "node:child_process";
+import { randomBytes } from "node:crypto";
 import { existsSync, readdirSync, writeFileSync } from "node:fs";
-import { join } from "node:path";
+import { basename, dirname, join } from "node:path";
 import { describe, test } from "node:test";
 import { acquire } from "../mod.ts";
-import { Child, deadPid, holder, tempDir } from "./_helpers.ts";
+import { deadPid, delay, holder, run, tempDir } from "./_helpers.ts";
 
-async function litter(path: string): Promise<Child> {
-  const child = new Child("litter.ts", [path]);
-  await child.expect("ready");
-  return child;
+/**
+ * The state a process leaves if it is killed between protocol steps 1 and 2:
+ * a `.run.lock.<random>.tmp` holding a record, flocked by a live process.
+ * flock(1) -o plays that process (it holds the lock itself, not its child),
+ * so the same fixture serves every runtime under test.
+ */
+async function litter(path: string): Promise<{ kill(): Promise<void> }> {
+  const hex = randomBytes(8).toString("hex");
+  const temp = join(dirname(path), `.${basename(path)}.${hex}.tmp`);
+  writeFileSync(temp, `99999\nrunlock 1\n`, { flag: "wx" });
+  const holder = spawn("flock", ["-o", "-x", temp, "cat"], {
+    stdio: ["pipe", "ignore", "inherit"],
+  });
+  while (run("flock", ["-n", temp, "true"]) === 0) await delay(5);
+  return {
+    async kill() {
+      const exited = new Promise((resolve) => holder.on("close", resolve));
+      holder.kill("SIGKILL");
+      await exited;
+      holder.stdin!.end(); // lets the orphaned `cat` finish
+    },
+  };
 }
 
 describe("litter", () => {
@@ -35,7 +55,7 @@ describe("litter", () => {
     const path = join(dir, "run.lock");
     try {
       const creator = await litter(path);
-      await creator.kill("SIGKILL");
+      await creator.kill();
       assert.equal(readdirSync(dir).length, 1);
       const lock = await acquire(path);
       await lock.release();
@@ -55,7 +75,7 @@ describe("litter", () => {
         [1, 2, 3, 4, 5].map(() => litter(path)),
       );
       const first = await holder(path);
-      await Promise.all([...creators, first].map((c) => c.kill("SIGKILL")));
+      await Promise.all([...creators, first].map((c) => c.kill()));
       assert.equal(readdirSync(dir).length, 8);
       const lock = await acquire(path);
       await lock.release();
@@ -74,7 +94,7 @@ describe("litter", () => {
     try {
       await (await acquire(path)).release(); // this process's one-time sweep
       const creator = await litter(path);
-      await creator.kill("SIGKILL");
+      await creator.kill();
       writeFileSync(path, `${deadPid()}\nrunlock 1\n`); // and a crashed holder
       const lock = await acquire(path);
       await lock.release();

@@ -55,7 +55,9 @@ describe("probes", () => {
       const path = join(dir, "run.lock");
       writeFileSync(path, `${deadPid()}\nrunlock 1\n`);
       // flock -s stands for a prober caught in the middle of its probe.
-      const prober = spawn("flock", ["-s", path, "sleep", "1.5"]);
+      const prober = spawn("flock", ["-s", path, "sleep", "1.5"], {
+        stdio: "ignore",
+      });
       await delay(150);
       assert.equal(await held(path), false);
       await assert.rejects(acquire(path), ContendedError);

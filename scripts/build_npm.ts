@@ -1,0 +1,236 @@
+// `deno task build:npm`: builds the npm package into npm/ (ignored by git),
+// doing what dnt would:
+//   npm/package/        the package: esm/ (.js + .d.ts), cjs/ (.cjs +
+//                       .d.cts), package.json, README.md, LICENSE
+//   npm/tests/          the same test files, compiled to JavaScript, for
+//                       Node and Bun (scripts/test_npm.ts runs them)
+//
+// The runtime-specific file is swapped here: src/platform/current.ts (which
+// exports the Deno platform) is replaced by current.node.ts (koffi flock), so
+// no Deno code ships to npm, and deno.json's publish list keeps the Node
+// files out of JSR.
+import {
+  copyFileSync,
+  existsSync,
+  mkdirSync,
+  readdirSync,
+  readFileSync,
+  renameSync,
+  rmSync,
+  statSync,
+  writeFileSync,
+} from "node:fs";
+import { dirname, join, relative } from "node:path";
+import process from "node:process";
+import ts from "typescript";
+
+const root = join(dirname(new URL(import.meta.url).pathname), "..");
+const out = join(root, "npm");
+const pkgDir = join(out, "package");
+const stage = join(out, ".stage");
+const config = JSON.parse(readFileSync(join(root, "deno.json"), "utf8"));
+const koffiVersion = config.imports.koffi.replace(/^npm:koffi@/, "");
+
+function walk(dir: string): string[] {
+  return readdirSync(dir).flatMap((name) => {
+    const path = join(dir, name);
+    return statSync(path).isDirectory() ? walk(path) : [path];
+  });
+}
+
+function write(path: string, text: string): void {
+  mkdirSync(dirname(path), { recursive: true });
+  writeFileSync(path, text);
+}
+
+function fail(diagnostics: readonly ts.Diagnostic[]): void {
+  if (diagnostics.length === 0) return;
+  console.error(ts.formatDiagnosticsWithColorAndContext(diagnostics, {
+    getCanonicalFileName: (f) => f,
+    getCurrentDirectory: () => root,
+    getNewLine: () => "\n",
+  }));
+  process.exit(1);
+}
+
+rmSync(out, { recursive: true, force: true });
+
+// 1. Stage the sources with the Node platform swapped in.
+const SKIP = new Set(["src/platform/deno.ts", "src/platform/current.node.ts"]);
+const sources = [
+  "mod.ts",
+  ...walk(join(root, "src")).map((f) => relative(root, f)),
+]
+  .filter((f) => f.endsWith(".ts") && !f.endsWith("_test.ts") && !SKIP.has(f));
+for (const file of sources) {
+  const from = file === "src/platform/current.ts"
+    ? "src/platform/current.node.ts"
+    : file;
+  write(join(stage, file), readFileSync(join(root, from), "utf8"));
+}
+
+// 2. Compile twice: ES modules, and CommonJS.
+const common: ts.CompilerOptions = {
+  target: ts.ScriptTarget.ES2022,
+  lib: ["lib.es2022.d.ts", "lib.esnext.disposable.d.ts"],
+  declaration: true,
+  rewriteRelativeImportExtensions: true,
+  // Types were checked by `deno check` on the sources; the Node build only
+  // needs emit, so it does not need @types/node.
+  noCheck: true,
+  skipLibCheck: true,
+  types: [],
+  strict: true,
+  esModuleInterop: true,
+  removeComments: false,
+  rootDir: stage,
+};
+function compile(options: ts.CompilerOptions): void {
+  const program = ts.createProgram(sources.map((f) => join(stage, f)), {
+    ...common,
+    ...options,
+  });
+  const result = program.emit();
+  fail(
+    result.diagnostics.filter((d) =>
+      d.category === ts.DiagnosticCategory.Error
+    ),
+  );
+}
+compile({
+  module: ts.ModuleKind.ES2022,
+  moduleResolution: ts.ModuleResolutionKind.Bundler,
+  outDir: join(pkgDir, "esm"),
+});
+compile({
+  module: ts.ModuleKind.CommonJS,
+  moduleResolution: ts.ModuleResolutionKind.Node10,
+  outDir: join(pkgDir, "cjs"),
+});
+
+// Declarations keep the sources' .ts specifiers: point them at the .js.
+// Examples in the docs import the JSR name; on npm the package is "runlock".
+for (const file of walk(pkgDir)) {
+  const text = readFileSync(file, "utf8")
+    .replace(/(from ["']\.{1,2}\/[^"']*)\.ts(["'])/g, "$1.js$2")
+    .replaceAll('from "@runlock/runlock"', 'from "runlock"');
+  writeFileSync(file, text);
+}
+
+// CommonJS files get .cjs/.d.cts, so that they stay CommonJS inside a
+// "type": "module" package, and their relative specifiers follow.
+for (const file of walk(join(pkgDir, "cjs"))) {
+  let text = readFileSync(file, "utf8")
+    .replace(/((?:require\(|from )["']\.{1,2}\/[^"']*)\.js(["'])/g, "$1.cjs$2")
+    // The lazy koffi loader resolves from this file's location.
+    .replaceAll(
+      "import.meta.url",
+      'require("node:url").pathToFileURL(__filename).href',
+    );
+  let target = file;
+  if (file.endsWith(".d.ts")) target = file.replace(/\.d\.ts$/, ".d.cts");
+  else if (file.endsWith(".js")) target = file.replace(/\.js$/, ".cjs");
+  if (target !== file) {
+    renameSync(file, target);
+    // Declaration files name their siblings without an extension change.
+    text = text.replace(/(from ["']\.{1,2}\/[^"']*)\.cjs(["'])/g, "$1.cjs$2");
+  }
+  writeFileSync(target, text);
+}
+for (const file of walk(join(pkgDir, "esm"))) {
+  const code = readFileSync(file, "utf8")
+    .replace(/\/\*[\s\S]*?\*\//g, "")
+    .replace(/^\s*\/\/.*$/gm, "");
+  if (file.endsWith(".js") && /\bDeno\./.test(code)) {
+    throw new Error(`${file} mentions Deno: the platform swap failed`);
+  }
+}
+rmSync(stage, { recursive: true, force: true });
+
+// 3. package.json, README, LICENSE.
+const pkg = {
+  name: "runlock",
+  version: config.version,
+  description:
+    "One orchestrator per state directory, and everyone can see who: a PID lockfile and a flock(2) run-liveness lock in one file, interoperable across Deno, Node.js and Bun.",
+  license: config.license,
+  keywords: [
+    "lock",
+    "lockfile",
+    "pidfile",
+    "flock",
+    "mutex",
+    "singleton",
+    "cli",
+  ],
+  type: "module",
+  main: "./cjs/mod.cjs",
+  module: "./esm/mod.js",
+  types: "./cjs/mod.d.cts",
+  exports: {
+    ".": {
+      import: { types: "./esm/mod.d.ts", default: "./esm/mod.js" },
+      require: { types: "./cjs/mod.d.cts", default: "./cjs/mod.cjs" },
+    },
+    "./package.json": "./package.json",
+  },
+  files: ["esm/", "cjs/", "README.md", "LICENSE", "PROTOCOL.md"],
+  sideEffects: false,
+  engines: { node: ">=20" },
+  os: ["linux", "darwin", "freebsd", "openbsd", "netbsd"],
+  dependencies: { koffi: koffiVersion },
+};
+write(join(pkgDir, "package.json"), JSON.stringify(pkg, null, 2) + "\n");
+for (const file of ["README.md", "LICENSE", "PROTOCOL.md"]) {
+  copyFileSync(join(root, file), join(pkgDir, file));
+}
+
+// 4. The test suite, compiled for Node and Bun. Tests import the library
+// through ./_entry.js, which scripts/test_npm.ts points at the package's ESM
+// or CommonJS entry; everything else is the same file.
+const testFiles = walk(join(root, "tests")).filter((f) => f.endsWith(".ts"));
+for (const file of testFiles) {
+  const rel = relative(join(root, "tests"), file);
+  const source = readFileSync(file, "utf8")
+    .replace(/(["'])(?:\.\.\/)+mod\.ts\1/g, (_m, q) => {
+      const up = rel.includes("/") ? "../" : "./";
+      return `${q}${up}_entry.js${q}`;
+    });
+  if (/(["'])(?:\.\.\/)+src\//.test(source)) {
+    throw new Error(
+      `${rel} imports src/ directly: tests must use the public API`,
+    );
+  }
+  const { outputText, diagnostics } = ts.transpileModule(source, {
+    fileName: file,
+    reportDiagnostics: true,
+    compilerOptions: {
+      target: ts.ScriptTarget.ES2022,
+      module: ts.ModuleKind.ES2022,
+      rewriteRelativeImportExtensions: true,
+      verbatimModuleSyntax: false,
+    },
+  });
+  fail(diagnostics ?? []);
+  write(join(out, "tests", rel.replace(/\.ts$/, ".js")), outputText);
+}
+const names = Object.keys(await import("../mod.ts")).sort();
+write(
+  join(out, "tests", "_entry.esm.js"),
+  `export * from "runlock";\n`,
+);
+write(
+  join(out, "tests", "_entry.cjs.js"),
+  `import { createRequire } from "node:module";\n` +
+    `const runlock = createRequire(import.meta.url)("runlock");\n` +
+    `export const { ${names.join(", ")} } = runlock;\n`,
+);
+write(join(out, "tests", "package.json"), `{ "type": "module" }\n`);
+
+console.log(
+  `built ${pkg.name}@${pkg.version} in ${relative(root, pkgDir)}/ ` +
+    `(${sources.length} modules, ESM + CommonJS) and ${testFiles.length} test files in npm/tests/`,
+);
+if (!existsSync(join(pkgDir, "cjs", "mod.cjs"))) {
+  throw new Error("no CommonJS entry");
+}

@@ -1,0 +1,323 @@
+/**
+ * The Node.js (and Bun) implementation of {@linkcode Platform}.
+ *
+ * Node has no flock, so `flock(2)` is called in libc through koffi's FFI.
+ * Not `fs-native-extensions` or `os-lock`: those take fcntl/OFD locks, which
+ * do not conflict with flock, so they would not exclude a Deno process,
+ * `flock(1)` or Python. Only `LOCK_NB` is ever used: a blocking flock would
+ * hold the event loop, or a libuv pool thread (fs-ext's known deadlock).
+ *
+ * koffi is loaded on the first lock operation, not at import, so a CLI that
+ * imports runlock but does not lock pays nothing for it.
+ *
+ * @module
+ */
+
+import {
+  closeSync,
+  constants as fsc,
+  fstatSync,
+  linkSync,
+  lstatSync,
+  mkdirSync,
+  openSync,
+  readdirSync,
+  readSync,
+  type Stats,
+  unlinkSync,
+  watch,
+  writeSync,
+} from "node:fs";
+import { createRequire } from "node:module";
+import { constants as osc, hostname } from "node:os";
+import process from "node:process";
+import {
+  type FileInfo,
+  type Handle,
+  type Liveness,
+  type Platform,
+  SysError,
+} from "./types.ts";
+
+const LOCK_SH = 1;
+const LOCK_EX = 2;
+const LOCK_NB = 4;
+const LOCK_UN = 8;
+
+const ERRNO_NAMES = new Map<number, string>(
+  Object.entries(osc.errno).map(([name, value]) => [value, name]),
+);
+
+type Flock = (fd: number, operation: number) => number;
+let flockFn: Flock | undefined;
+let readErrno: () => number = () => 0;
+
+const LIBC: Partial<Record<NodeJS.Platform, string[]>> = {
+  linux: ["libc.so.6", "libc.so"],
+  darwin: ["libSystem.B.dylib", "/usr/lib/libSystem.B.dylib"],
+  freebsd: ["libc.so.7"],
+  openbsd: ["libc.so"],
+  netbsd: ["libc.so"],
+};
+
+function loadFlock(path: string): Flock {
+  if (flockFn) return flockFn;
+  const names = LIBC[process.platform];
+  if (!names) {
+    throw new SysError(
+      "ENOSYS",
+      "flock",
+      `flock '${path}': runlock does not support ${process.platform}`,
+    );
+  }
+  // Loaded lazily, with require, so that importing runlock stays cheap.
+  const load = createRequire(import.meta.url);
+  const koffi = load("koffi") as typeof import("koffi");
+  let lastError: unknown;
+  for (const name of names) {
+    try {
+      const libc = koffi.load(name);
+      flockFn = libc.func("int flock(int fd, int operation)") as Flock;
+      readErrno = () => koffi.errno();
+      return flockFn;
+    } catch (err) {
+      lastError = err;
+    }
+  }
+  throw new SysError(
+    "ENOSYS",
+    "flock",
+    `flock '${path}': cannot load libc (${names.join(", ")})`,
+    { cause: lastError },
+  );
+}
+
+function sysError(err: unknown, syscall: string, path: string): SysError {
+  if (err instanceof SysError) return err;
+  const code = (err as { code?: unknown } | null)?.code;
+  const message = err instanceof Error ? err.message : String(err);
+  return new SysError(
+    typeof code === "string" ? code : "EUNKNOWN",
+    syscall,
+    `${syscall} '${path}': ${message}`,
+    { cause: err },
+  );
+}
+
+function info(s: Stats): FileInfo {
+  return {
+    dev: s.dev,
+    ino: s.ino,
+    size: s.size,
+    kind: s.isFile()
+      ? "file"
+      : s.isDirectory()
+      ? "directory"
+      : s.isSymbolicLink()
+      ? "symlink"
+      : "other",
+  };
+}
+
+class NodeHandle implements Handle {
+  #fd: number | undefined;
+  #path: string;
+
+  constructor(fd: number, path: string) {
+    this.#fd = fd;
+    this.#path = path;
+  }
+
+  #flock(operation: number): boolean {
+    const flock = loadFlock(this.#path);
+    for (;;) {
+      if (flock(this.#fd!, operation) === 0) return true;
+      const errno = readErrno();
+      if (errno === osc.errno.EINTR) continue;
+      if (errno === osc.errno.EWOULDBLOCK || errno === osc.errno.EAGAIN) {
+        return false;
+      }
+      const name = ERRNO_NAMES.get(errno) ?? `errno ${errno}`;
+      throw new SysError(name, "flock", `flock '${this.#path}': ${name}`);
+    }
+  }
+
+  tryLock(exclusive: boolean): boolean {
+    return this.#flock((exclusive ? LOCK_EX : LOCK_SH) | LOCK_NB);
+  }
+
+  unlock(): void {
+    this.#flock(LOCK_UN);
+  }
+
+  write(data: Uint8Array): void {
+    try {
+      let done = 0;
+      while (done < data.length) {
+        done += writeSync(this.#fd!, data, done, data.length - done);
+      }
+    } catch (err) {
+      throw sysError(err, "write", this.#path);
+    }
+  }
+
+  readAll(max: number): Uint8Array {
+    try {
+      const buf = new Uint8Array(max);
+      let len = 0;
+      while (len < max) {
+        const n = readSync(this.#fd!, buf, len, max - len, len);
+        if (n === 0) break;
+        len += n;
+      }
+      return buf.subarray(0, len);
+    } catch (err) {
+      throw sysError(err, "read", this.#path);
+    }
+  }
+
+  stat(): FileInfo {
+    try {
+      return info(fstatSync(this.#fd!));
+    } catch (err) {
+      throw sysError(err, "fstat", this.#path);
+    }
+  }
+
+  close(): void {
+    if (this.#fd === undefined) return;
+    const fd = this.#fd;
+    this.#fd = undefined;
+    try {
+      closeSync(fd);
+    } catch {
+      // Nothing to do: the descriptor is gone either way.
+    }
+  }
+}
+
+// libuv opens every descriptor with O_CLOEXEC, so children never inherit
+// the lock.
+const CREATE = fsc.O_RDWR | fsc.O_CREAT | fsc.O_EXCL;
+// O_NONBLOCK: opening a FIFO must not hang. O_NOFOLLOW: ELOOP on a symlink.
+const OPEN_EXISTING = fsc.O_RDONLY | fsc.O_NOFOLLOW | fsc.O_NONBLOCK;
+const sleeper = new Int32Array(new SharedArrayBuffer(4));
+let hostnameCache: string | undefined;
+
+/** The Node.js and Bun platform. */
+export const platform: Platform = {
+  runtime: typeof (globalThis as { Bun?: unknown }).Bun !== "undefined"
+    ? "bun"
+    : "node",
+  pid: process.pid,
+
+  hostname(): string {
+    hostnameCache ??= hostname().replace(/[\r\n]/g, "");
+    return hostnameCache;
+  },
+
+  createNew(path: string): Handle {
+    try {
+      return new NodeHandle(openSync(path, CREATE, 0o644), path);
+    } catch (err) {
+      throw sysError(err, "open", path);
+    }
+  },
+
+  openExisting(path: string): Handle {
+    let fd: number;
+    try {
+      fd = openSync(path, OPEN_EXISTING);
+    } catch (err) {
+      throw sysError(err, "open", path);
+    }
+    const handle = new NodeHandle(fd, path);
+    const kind = handle.stat().kind;
+    if (kind !== "file") {
+      handle.close();
+      throw new SysError(
+        "EFTYPE",
+        "open",
+        `open '${path}': not a regular file`,
+      );
+    }
+    return handle;
+  },
+
+  link(existing: string, created: string): void {
+    try {
+      linkSync(existing, created);
+    } catch (err) {
+      throw sysError(err, "link", created);
+    }
+  },
+
+  unlink(path: string): void {
+    try {
+      unlinkSync(path);
+    } catch (err) {
+      throw sysError(err, "unlink", path);
+    }
+  },
+
+  lstat(path: string): FileInfo | null {
+    try {
+      const s = lstatSync(path, { throwIfNoEntry: false });
+      return s ? info(s) : null;
+    } catch (err) {
+      throw sysError(err, "lstat", path);
+    }
+  },
+
+  mkdirp(path: string): void {
+    try {
+      mkdirSync(path, { recursive: true });
+    } catch (err) {
+      throw sysError(err, "mkdir", path);
+    }
+  },
+
+  readDir(path: string): string[] {
+    try {
+      return readdirSync(path);
+    } catch (err) {
+      throw sysError(err, "readdir", path);
+    }
+  },
+
+  processAlive(pid: number): Liveness {
+    // Never kill(0) or kill(-n): those probe process groups and always
+    // answer "alive".
+    if (!Number.isInteger(pid) || pid < 1 || pid > 0x7fffffff) {
+      return "unknown";
+    }
+    try {
+      process.kill(pid, 0);
+      return "alive";
+    } catch (err) {
+      const code = (err as { code?: string }).code;
+      if (code === "ESRCH") return "dead";
+      if (code === "EPERM") return "alive";
+      return "unknown";
+    }
+  },
+
+  sleepSync(ms: number): void {
+    Atomics.wait(sleeper, 0, 0, ms);
+  },
+
+  watchDir(
+    dir: string,
+    onChange: (name: string) => void,
+  ): (() => void) | undefined {
+    try {
+      const watcher = watch(dir, { persistent: false }, (_event, name) => {
+        if (name) onChange(String(name));
+      });
+      watcher.on("error", () => watcher.close());
+      return () => watcher.close();
+    } catch {
+      return undefined;
+    }
+  },
+};
