@@ -15,14 +15,16 @@ import {
   mkdirSync,
   readdirSync,
   readFileSync,
-  renameSync,
   rmSync,
   statSync,
   writeFileSync,
 } from "node:fs";
 import { dirname, join, relative } from "node:path";
 import process from "node:process";
+import { spawnSync } from "node:child_process";
 import ts from "typescript";
+
+const ESBUILD = "0.25.12";
 
 const root = join(dirname(new URL(import.meta.url).pathname), "..");
 const out = join(root, "npm");
@@ -69,9 +71,15 @@ for (const file of sources) {
   write(join(stage, file), readFileSync(join(root, from), "utf8"));
 }
 
-// 2. Compile twice: ES modules, and CommonJS.
-const common: ts.CompilerOptions = {
+// 2. Compile: tsc for the declarations (with their JSDoc) and the ES module
+// tree, then esbuild bundles that tree into one ES module and one CommonJS
+// file. One file instead of nine cuts Node's import cost about fourfold
+// (measured: ~18 ms to ~5 ms), which CLIs feel on every start.
+const tscOut = join(out, ".tsc");
+const program = ts.createProgram(sources.map((f) => join(stage, f)), {
   target: ts.ScriptTarget.ES2022,
+  module: ts.ModuleKind.ES2022,
+  moduleResolution: ts.ModuleResolutionKind.Bundler,
   lib: ["lib.es2022.d.ts", "lib.esnext.disposable.d.ts"],
   declaration: true,
   rewriteRelativeImportExtensions: true,
@@ -81,71 +89,67 @@ const common: ts.CompilerOptions = {
   skipLibCheck: true,
   types: [],
   strict: true,
-  esModuleInterop: true,
-  removeComments: false,
   rootDir: stage,
-};
-function compile(options: ts.CompilerOptions): void {
-  const program = ts.createProgram(sources.map((f) => join(stage, f)), {
-    ...common,
-    ...options,
-  });
-  const result = program.emit();
-  fail(
-    result.diagnostics.filter((d) =>
-      d.category === ts.DiagnosticCategory.Error
-    ),
+  outDir: tscOut,
+});
+fail(
+  program.emit().diagnostics.filter((d) =>
+    d.category === ts.DiagnosticCategory.Error
+  ),
+);
+
+// Declarations: esm/*.d.ts and, for require, the same as cjs/*.d.cts. Their
+// specifiers point at the sources' .ts files: point them at .js/.cjs.
+// Examples in the docs import the JSR name; on npm the package is "runlock".
+for (const file of walk(tscOut).filter((f) => f.endsWith(".d.ts"))) {
+  const rel = relative(tscOut, file);
+  const text = readFileSync(file, "utf8")
+    .replaceAll('from "@runlock/runlock"', 'from "runlock"');
+  const spec = /(from ["']\.{1,2}\/[^"']*)\.ts(["'])/g;
+  write(join(pkgDir, "esm", rel), text.replace(spec, "$1.js$2"));
+  write(
+    join(pkgDir, "cjs", rel.replace(/\.d\.ts$/, ".d.cts")),
+    text.replace(spec, "$1.cjs$2"),
   );
 }
-compile({
-  module: ts.ModuleKind.ES2022,
-  moduleResolution: ts.ModuleResolutionKind.Bundler,
-  outDir: join(pkgDir, "esm"),
-});
-compile({
-  module: ts.ModuleKind.CommonJS,
-  moduleResolution: ts.ModuleResolutionKind.Node10,
-  outDir: join(pkgDir, "cjs"),
-});
 
-// Declarations keep the sources' .ts specifiers: point them at the .js.
-// Examples in the docs import the JSR name; on npm the package is "runlock".
-for (const file of walk(pkgDir)) {
-  const text = readFileSync(file, "utf8")
-    .replace(/(from ["']\.{1,2}\/[^"']*)\.ts(["'])/g, "$1.js$2")
-    .replaceAll('from "@runlock/runlock"', 'from "runlock"');
-  writeFileSync(file, text);
-}
-
-// CommonJS files get .cjs/.d.cts, so that they stay CommonJS inside a
-// "type": "module" package, and their relative specifiers follow.
-for (const file of walk(join(pkgDir, "cjs"))) {
-  let text = readFileSync(file, "utf8")
-    .replace(/((?:require\(|from )["']\.{1,2}\/[^"']*)\.js(["'])/g, "$1.cjs$2")
-    // The lazy koffi loader resolves from this file's location.
-    .replaceAll(
-      "import.meta.url",
-      'require("node:url").pathToFileURL(__filename).href',
+function bundle(format: "esm" | "cjs", outfile: string): void {
+  const args = [
+    "--yes",
+    `esbuild@${ESBUILD}`,
+    join(tscOut, "mod.js"),
+    "--bundle",
+    "--platform=node",
+    "--target=node20",
+    `--format=${format}`,
+    "--external:koffi",
+    "--external:bun:ffi",
+    "--log-level=warning",
+    `--outfile=${outfile}`,
+  ];
+  if (format === "cjs") {
+    // The lazy FFI loader resolves from this file's location.
+    args.push(
+      "--define:import.meta.url=__runlock_url",
+      `--banner:js=const __runlock_url = require("node:url").pathToFileURL(__filename).href;`,
     );
-  let target = file;
-  if (file.endsWith(".d.ts")) target = file.replace(/\.d\.ts$/, ".d.cts");
-  else if (file.endsWith(".js")) target = file.replace(/\.js$/, ".cjs");
-  if (target !== file) {
-    renameSync(file, target);
-    // Declaration files name their siblings without an extension change.
-    text = text.replace(/(from ["']\.{1,2}\/[^"']*)\.cjs(["'])/g, "$1.cjs$2");
   }
-  writeFileSync(target, text);
+  const result = spawnSync("npx", args, { stdio: "inherit" });
+  if (result.status !== 0) throw new Error(`esbuild failed (${format})`);
 }
-for (const file of walk(join(pkgDir, "esm"))) {
-  const code = readFileSync(file, "utf8")
+bundle("esm", join(pkgDir, "esm", "mod.js"));
+bundle("cjs", join(pkgDir, "cjs", "mod.cjs"));
+
+for (const file of ["esm/mod.js", "cjs/mod.cjs"]) {
+  const code = readFileSync(join(pkgDir, file), "utf8")
     .replace(/\/\*[\s\S]*?\*\//g, "")
     .replace(/^\s*\/\/.*$/gm, "");
-  if (file.endsWith(".js") && /\bDeno\./.test(code)) {
+  if (/\bDeno\./.test(code)) {
     throw new Error(`${file} mentions Deno: the platform swap failed`);
   }
 }
 rmSync(stage, { recursive: true, force: true });
+rmSync(tscOut, { recursive: true, force: true });
 
 // 3. package.json, README, LICENSE.
 const pkg = {

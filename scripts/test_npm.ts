@@ -10,10 +10,12 @@ import {
   cpSync,
   existsSync,
   mkdirSync,
+  mkdtempSync,
   readdirSync,
   rmSync,
   writeFileSync,
 } from "node:fs";
+import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import process from "node:process";
 
@@ -139,6 +141,36 @@ if (!process.env.RUNLOCK_SKIP_BUN) {
         }),
     );
   }
+}
+
+if (!process.env.RUNLOCK_SKIP_BUN) {
+  const binDir = mkdtempSync(join(tmpdir(), "runlock-bin-"));
+  const binary = join(binDir, "runlock-child");
+  step("bun build --compile (single binary)", () =>
+    run(bun, [
+      "build",
+      "--compile",
+      join("tests-esm", "fixtures", "child.js"),
+      "--outfile",
+      binary,
+    ], { cwd: scratch }));
+  step(
+    "cross-runtime tests (deno, node, bun, compiled binary)",
+    () =>
+      run(Deno.execPath(), [
+        "test",
+        "--allow-all",
+        join(root, "tests", "interop_test.ts"),
+      ], {
+        cwd: root,
+        env: {
+          ...process.env,
+          RUNLOCK_INTEROP_SCRATCH: scratch,
+          RUNLOCK_INTEROP_BINARY: binary,
+        },
+      }),
+  );
+  rmSync(binDir, { recursive: true, force: true });
 }
 
 step(

@@ -68,8 +68,20 @@ export class Child {
   #closed = false;
   readonly exited: Promise<{ code: number | null; signal: string | null }>;
 
-  constructor(name: string, args: string[], denoFlags?: string[]) {
-    const [cmd, argv] = fixtureCommand(name, args, denoFlags);
+  /**
+   * Runs fixture `name` under the runtime running the tests, or, when
+   * `command` is given, runs `command` followed by `args` (a fixture of
+   * another runtime, for the cross-runtime tests).
+   */
+  constructor(
+    name: string,
+    args: string[],
+    denoFlags?: string[],
+    command?: string[],
+  ) {
+    const [cmd, argv] = command
+      ? [command[0], [...command.slice(1), ...args]]
+      : fixtureCommand(name, args, denoFlags);
     this.proc = spawn(cmd, argv, { stdio: ["pipe", "pipe", "pipe"] });
     createInterface({ input: this.proc.stdout! }).on("line", (line) => {
       let event: Event;

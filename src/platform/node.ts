@@ -1,13 +1,14 @@
 /**
  * The Node.js (and Bun) implementation of {@linkcode Platform}.
  *
- * Node has no flock, so `flock(2)` is called in libc through koffi's FFI.
+ * Node has no flock, so `flock(2)` is called in libc through koffi's FFI
+ * (under Bun, through the built-in `bun:ffi`).
  * Not `fs-native-extensions` or `os-lock`: those take fcntl/OFD locks, which
  * do not conflict with flock, so they would not exclude a Deno process,
  * `flock(1)` or Python. Only `LOCK_NB` is ever used: a blocking flock would
  * hold the event loop, or a libuv pool thread (fs-ext's known deadlock).
  *
- * koffi is loaded on the first lock operation, not at import, so a CLI that
+ * The FFI is loaded on the first lock operation, not at import, so a CLI that
  * imports runlock but does not lock pays nothing for it.
  *
  * @module
@@ -60,6 +61,51 @@ const LIBC: Partial<Record<NodeJS.Platform, string[]>> = {
   netbsd: ["libc.so"],
 };
 
+const isBun = typeof (globalThis as { Bun?: unknown }).Bun !== "undefined";
+
+// Where libc keeps the calling thread's errno (bun:ffi does not report it).
+const ERRNO_LOCATION: Partial<Record<NodeJS.Platform, string>> = {
+  linux: "__errno_location",
+  darwin: "__error",
+  freebsd: "__error",
+  openbsd: "__errno",
+  netbsd: "__errno",
+};
+
+/** Minimal shape of `bun:ffi`, which has no types outside Bun. */
+interface BunFfi {
+  dlopen(
+    name: string,
+    symbols: Record<string, { args: string[]; returns: string }>,
+  ): { symbols: Record<string, (...args: number[]) => unknown> };
+  read: { i32(pointer: unknown, offset: number): number };
+}
+
+/**
+ * Binds libc's flock: with bun:ffi under Bun (built in, so it also works in
+ * a `bun build --compile` binary, where koffi's native addon cannot be
+ * found), with koffi under Node.
+ */
+function bindFlock(libc: string): void {
+  // Loaded lazily, with require, so that importing runlock stays cheap.
+  const load = createRequire(import.meta.url);
+  if (isBun) {
+    const ffi = load("bun:ffi") as BunFfi;
+    const where = ERRNO_LOCATION[process.platform]!;
+    const { symbols } = ffi.dlopen(libc, {
+      flock: { args: ["i32", "i32"], returns: "i32" },
+      [where]: { args: [], returns: "ptr" },
+    });
+    flockFn = symbols.flock as Flock;
+    readErrno = () => ffi.read.i32(symbols[where](), 0);
+    return;
+  }
+  const koffi = load("koffi") as typeof import("koffi");
+  const lib = koffi.load(libc);
+  flockFn = lib.func("int flock(int fd, int operation)") as Flock;
+  readErrno = () => koffi.errno();
+}
+
 function loadFlock(path: string): Flock {
   if (flockFn) return flockFn;
   const names = LIBC[process.platform];
@@ -70,16 +116,11 @@ function loadFlock(path: string): Flock {
       `flock '${path}': runlock does not support ${process.platform}`,
     );
   }
-  // Loaded lazily, with require, so that importing runlock stays cheap.
-  const load = createRequire(import.meta.url);
-  const koffi = load("koffi") as typeof import("koffi");
   let lastError: unknown;
   for (const name of names) {
     try {
-      const libc = koffi.load(name);
-      flockFn = libc.func("int flock(int fd, int operation)") as Flock;
-      readErrno = () => koffi.errno();
-      return flockFn;
+      bindFlock(name);
+      return flockFn!;
     } catch (err) {
       lastError = err;
     }
@@ -87,7 +128,7 @@ function loadFlock(path: string): Flock {
   throw new SysError(
     "ENOSYS",
     "flock",
-    `flock '${path}': cannot load libc (${names.join(", ")})`,
+    `flock '${path}': cannot call flock in libc (${names.join(", ")})`,
     { cause: lastError },
   );
 }
@@ -206,9 +247,7 @@ let hostnameCache: string | undefined;
 
 /** The Node.js and Bun platform. */
 export const platform: Platform = {
-  runtime: typeof (globalThis as { Bun?: unknown }).Bun !== "undefined"
-    ? "bun"
-    : "node",
+  runtime: isBun ? "bun" : "node",
   pid: process.pid,
 
   hostname(): string {

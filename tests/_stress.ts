@@ -1,0 +1,104 @@
+// The stress run shared by stress_test.ts (one runtime) and interop_test.ts
+// (Deno, Node and Bun workers on one lock): workers loop acquire/release
+// while a killer SIGKILLs whoever holds the lock.
+import assert from "node:assert/strict";
+import { readdirSync, readFileSync } from "node:fs";
+import { join } from "node:path";
+import { Child, delay, tempDir } from "./_helpers.ts";
+
+/** What a stress run did. */
+export interface StressResult {
+  criticalSections: number;
+  kills: number;
+  processes: number;
+}
+
+/**
+ * Runs workers for `seconds`. `worker(i)` gives the command that starts the
+ * i-th worker (stress_worker fixture of some runtime), or undefined for this
+ * runtime's own. Asserts: no overlap, no error, no litter.
+ */
+export async function stress(
+  seconds: number,
+  workers: number,
+  worker: (i: number) => string[] | undefined,
+  finalCheck: string[] | undefined,
+): Promise<StressResult> {
+  const { dir, cleanup } = tempDir();
+  const lockDir = join(dir, "state");
+  const path = join(lockDir, "run.lock");
+  const log = join(dir, "log");
+  const owner = join(dir, "owner");
+  const until = Date.now() + seconds * 1000;
+  const args = [path, log, owner, String(until)];
+  const running = new Map<Child, number>();
+  const killed = new Set<string>();
+  let started = 0;
+  const spawnWorker = (slot: number) => {
+    running.set(
+      new Child("stress_worker.ts", args, undefined, worker(slot)),
+      slot,
+    );
+    started++;
+  };
+  try {
+    for (let i = 0; i < workers; i++) spawnWorker(i);
+    // The killer: every 50-150 ms, SIGKILL the worker named in the lock,
+    // and start another of the same runtime in its place.
+    while (Date.now() < until - 300) {
+      await delay(50 + Math.random() * 100);
+      let pid: string;
+      try {
+        pid = readFileSync(path, "utf8").split("\n")[0];
+      } catch {
+        continue;
+      }
+      const victim = [...running.keys()].find((w) => String(w.pid) === pid);
+      if (!victim) continue;
+      const slot = running.get(victim)!;
+      killed.add(pid);
+      running.delete(victim);
+      await victim.kill("SIGKILL");
+      spawnWorker(slot);
+    }
+    for (const w of running.keys()) {
+      const result = await w.next();
+      assert.equal(
+        result.event,
+        "done",
+        `${JSON.stringify(result)} ${w.stderr.join("")}`,
+      );
+      assert.equal((await w.exited).code, 0);
+    }
+
+    // Replay the log: each "enter" must follow the previous holder's
+    // "leave", unless that holder was SIGKILLed inside.
+    let inside: string | undefined;
+    let enters = 0;
+    for (const line of readFileSync(log, "utf8").trim().split("\n")) {
+      const [what, pid] = line.split(" ");
+      if (what === "enter") {
+        assert.ok(
+          inside === undefined || killed.has(inside),
+          `${pid} entered while ${inside} was inside`,
+        );
+        inside = pid;
+        enters++;
+      } else {
+        assert.equal(pid, inside, `${pid} left while ${inside} was inside`);
+        inside = undefined;
+      }
+    }
+    assert.ok(killed.size >= 3, `only ${killed.size} holders were killed`);
+
+    // One clean acquire and release in a fresh process leaves nothing.
+    const last = new Child("child.ts", ["try", path], undefined, finalCheck);
+    await last.expect("acquired");
+    assert.equal((await last.exited).code, 0);
+    assert.deepEqual(readdirSync(lockDir), []);
+    return { criticalSections: enters, kills: killed.size, processes: started };
+  } finally {
+    await Promise.all([...running.keys()].map((w) => w.kill()));
+    cleanup();
+  }
+}
