@@ -350,6 +350,37 @@ describe("children", () => {
   });
 });
 
+describe("descriptors", () => {
+  test("the holder's lock descriptor is close-on-exec (Linux /proc)", {
+    skip: process.platform !== "linux",
+  }, async () => {
+    const { dir, cleanup } = tempDir();
+    const path = join(dir, "run.lock");
+    const first = await holder(path);
+    try {
+      const ino = statSync(path).ino;
+      const fds = readdirSync(`/proc/${first.pid}/fd`).filter((fd) => {
+        try {
+          return statSync(`/proc/${first.pid}/fd/${fd}`).ino === ino;
+        } catch {
+          return false;
+        }
+      });
+      assert.equal(fds.length, 1, "exactly one descriptor holds the lock");
+      const fdinfo = readFileSync(
+        `/proc/${first.pid}/fdinfo/${fds[0]}`,
+        "utf8",
+      );
+      const flags = parseInt(/^flags:\s*([0-7]+)/m.exec(fdinfo)![1], 8);
+      const O_CLOEXEC = 0o2000000;
+      assert.ok(flags & O_CLOEXEC, `flags ${flags.toString(8)} lack O_CLOEXEC`);
+    } finally {
+      await first.kill();
+      cleanup();
+    }
+  });
+});
+
 describe("directories", () => {
   test("missing parent directories are created", async () => {
     const { dir, cleanup } = tempDir();
