@@ -2,9 +2,10 @@
 // that take the lock through the public API (tests/fixtures/child.ts).
 import { spawn, spawnSync } from "node:child_process";
 import type { ChildProcess } from "node:child_process";
-import { mkdtempSync, rmSync } from "node:fs";
+import { mkdtempSync, readFileSync, rmSync } from "node:fs";
+import { createRequire } from "node:module";
 import { tmpdir } from "node:os";
-import { join } from "node:path";
+import { dirname, join } from "node:path";
 import process from "node:process";
 import { createInterface } from "node:readline";
 
@@ -49,6 +50,20 @@ export function fixtureCommand(
     ]];
   }
   return [process.execPath, [script, ...args]];
+}
+
+/**
+ * The command line of the `runlock` CLI for the runtime under test: the
+ * source under Deno, the installed package's `bin` under Node and Bun.
+ */
+export function cliCommand(): string[] {
+  if (runtime === "deno") {
+    const cli = join(here, "..", "src", "cli.ts");
+    return [Deno!.execPath(), "run", "--quiet", "--allow-all", cli];
+  }
+  const pkg = createRequire(import.meta.url).resolve("runlock/package.json");
+  const bin = JSON.parse(readFileSync(pkg, "utf8")).bin.runlock;
+  return [process.execPath, join(dirname(pkg), bin)];
 }
 
 /** A JSON line a fixture printed. */

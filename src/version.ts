@@ -1,0 +1,9 @@
+/**
+ * The package version, kept in code so that a compiled binary needs no file
+ * at run time. tests/cli_test.ts checks it against deno.json.
+ *
+ * @module
+ */
+
+/** This version of runlock. */
+export const VERSION = "0.1.0";
