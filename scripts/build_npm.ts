@@ -10,6 +10,7 @@
 // no Deno code ships to npm, and deno.json's publish list keeps the Node
 // files out of JSR.
 import {
+  chmodSync,
   copyFileSync,
   existsSync,
   mkdirSync,
@@ -113,11 +114,16 @@ for (const file of walk(tscOut).filter((f) => f.endsWith(".d.ts"))) {
   );
 }
 
-function bundle(format: "esm" | "cjs", outfile: string): void {
+function bundle(
+  format: "esm" | "cjs",
+  entry: string,
+  outfile: string,
+  extra: string[] = [],
+): void {
   const args = [
     "--yes",
     `esbuild@${ESBUILD}`,
-    join(tscOut, "mod.js"),
+    entry,
     "--bundle",
     "--platform=node",
     "--target=node20",
@@ -126,6 +132,7 @@ function bundle(format: "esm" | "cjs", outfile: string): void {
     "--external:bun:ffi",
     "--log-level=warning",
     `--outfile=${outfile}`,
+    ...extra,
   ];
   if (format === "cjs") {
     // The lazy FFI loader resolves from this file's location.
@@ -137,10 +144,25 @@ function bundle(format: "esm" | "cjs", outfile: string): void {
   const result = spawnSync("npx", args, { stdio: "inherit" });
   if (result.status !== 0) throw new Error(`esbuild failed (${format})`);
 }
-bundle("esm", join(pkgDir, "esm", "mod.js"));
-bundle("cjs", join(pkgDir, "cjs", "mod.cjs"));
+bundle("esm", join(tscOut, "mod.js"), join(pkgDir, "esm", "mod.js"));
+bundle("cjs", join(tscOut, "mod.js"), join(pkgDir, "cjs", "mod.cjs"));
 
-for (const file of ["esm/mod.js", "cjs/mod.cjs"]) {
+// The `runlock` bin: the CLI and the library in one ES module file.
+write(
+  join(tscOut, "bin.js"),
+  `import process from "node:process";\n` +
+    `import { main } from "./src/cli.js";\n` +
+    `process.exitCode = await main(process.argv.slice(2));\n`,
+);
+bundle("esm", join(tscOut, "bin.js"), join(pkgDir, "bin", "runlock.js"), [
+  "--banner:js=#!/usr/bin/env node",
+  // cli.ts runs main itself when it is the entry module (Deno, Bun); here
+  // bin.js does, so the bundle must not run it twice.
+  "--define:import.meta.main=false",
+]);
+chmodSync(join(pkgDir, "bin", "runlock.js"), 0o755);
+
+for (const file of ["esm/mod.js", "cjs/mod.cjs", "bin/runlock.js"]) {
   const code = readFileSync(join(pkgDir, file), "utf8")
     .replace(/\/\*[\s\S]*?\*\//g, "")
     .replace(/^\s*\/\/.*$/gm, "");
@@ -178,7 +200,8 @@ const pkg = {
     },
     "./package.json": "./package.json",
   },
-  files: ["esm/", "cjs/", "README.md", "LICENSE", "PROTOCOL.md"],
+  bin: { runlock: "bin/runlock.js" },
+  files: ["esm/", "cjs/", "bin/", "README.md", "LICENSE", "PROTOCOL.md"],
   sideEffects: false,
   engines: { node: ">=20" },
   os: ["linux", "darwin", "freebsd", "openbsd", "netbsd"],

@@ -154,8 +154,17 @@ if (!process.env.RUNLOCK_SKIP_BUN) {
       "--outfile",
       binary,
     ], { cwd: scratch }));
+  const cliBinary = join(binDir, "runlock");
+  step("bun build --compile of the runlock CLI", () =>
+    run(bun, [
+      "build",
+      "--compile",
+      join("node_modules", "runlock", "bin", "runlock.js"),
+      "--outfile",
+      cliBinary,
+    ], { cwd: scratch }));
   step(
-    "cross-runtime tests (deno, node, bun, compiled binary)",
+    "cross-runtime tests (deno, node, bun, compiled binaries)",
     () =>
       run(Deno.execPath(), [
         "test",
@@ -167,6 +176,7 @@ if (!process.env.RUNLOCK_SKIP_BUN) {
           ...process.env,
           RUNLOCK_INTEROP_SCRATCH: scratch,
           RUNLOCK_INTEROP_BINARY: binary,
+          RUNLOCK_INTEROP_CLI: cliBinary,
         },
       }),
   );

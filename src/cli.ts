@@ -16,7 +16,7 @@
  * @module
  */
 
-import { spawn } from "node:child_process";
+import { type ChildProcess, spawn } from "node:child_process";
 import { constants } from "node:os";
 import process from "node:process";
 import {
@@ -245,52 +245,59 @@ async function run(args: string[], io: CliIo): Promise<number> {
     ? Infinity
     : seconds("wait", waitFor)! * 1000;
 
-  // While waiting, a signal stops the wait (and runs nothing).
+  // One handler for the whole run, so that no signal ever meets the default
+  // action (death without releasing): before the command starts, a signal
+  // stops the wait and runs nothing; after, it is forwarded to the command.
   const stop = new AbortController();
-  const stopWaiting = (signal: NodeJS.Signals) => stop.abort(signal);
-  for (const s of FORWARDED) process.on(s, stopWaiting);
-  let lock: Lock;
-  try {
-    lock = await acquire(path, { timeout, signal: stop.signal });
-  } catch (err) {
-    if (err instanceof HeldError) {
-      io.err(`runlock: ${err.message}`);
-      return conflict;
-    }
-    if (stop.signal.aborted) {
-      return 128 + signalNumber(String(stop.signal.reason));
-    }
-    throw err;
-  } finally {
-    for (const s of FORWARDED) process.off(s, stopWaiting);
-  }
-
-  try {
-    const child = spawn(command[0], command.slice(1), { stdio: "inherit" });
-    let exited = false;
-    const forward = (signal: NodeJS.Signals) => {
+  let child: ChildProcess | undefined;
+  let exited = false;
+  const onSignal = (signal: NodeJS.Signals) => {
+    if (child === undefined) {
+      if (!stop.signal.aborted) stop.abort(signal);
+    } else if (!exited && child.pid !== undefined) {
       // process.kill, not child.kill: Deno's child_process reports a child
       // that was sent a signal with child.kill as killed by it, even when
       // the child trapped it and exited with its own code.
-      if (!exited && child.pid !== undefined) process.kill(child.pid, signal);
-    };
-    for (const s of FORWARDED) process.on(s, forward);
+      process.kill(child.pid, signal);
+    }
+  };
+  for (const s of FORWARDED) process.on(s, onSignal);
+  try {
+    let lock: Lock;
     try {
+      lock = await acquire(path, { timeout, signal: stop.signal });
+    } catch (err) {
+      if (err instanceof HeldError) {
+        io.err(`runlock: ${err.message}`);
+        return conflict;
+      }
+      if (stop.signal.aborted) {
+        return 128 + signalNumber(String(stop.signal.reason));
+      }
+      throw err;
+    }
+    try {
+      if (stop.signal.aborted) {
+        return 128 + signalNumber(String(stop.signal.reason));
+      }
+      const started = spawn(command[0], command.slice(1), { stdio: "inherit" });
+      child = started;
       return await new Promise<number>((resolve) => {
-        child.on("error", (err: Error & { code?: string }) => {
+        started.on("error", (err: Error & { code?: string }) => {
+          exited = true;
           io.err(`runlock: cannot run '${command[0]}': ${err.message}`);
           resolve(err.code === "ENOENT" ? 127 : 126);
         });
-        child.on("exit", (status, signal) => {
+        started.on("exit", (status, signal) => {
           exited = true;
           resolve(signal ? 128 + signalNumber(signal) : status ?? 1);
         });
       });
     } finally {
-      for (const s of FORWARDED) process.off(s, forward);
+      await lock.release();
     }
   } finally {
-    await lock.release();
+    for (const s of FORWARDED) process.off(s, onSignal);
   }
 }
 

@@ -4,6 +4,8 @@
 // the scratch project holding the installed npm package and its compiled
 // fixtures; skipped otherwise.
 import assert from "node:assert/strict";
+import { spawnSync } from "node:child_process";
+import { existsSync } from "node:fs";
 import { hostname } from "node:os";
 import { join } from "node:path";
 import process from "node:process";
@@ -15,6 +17,8 @@ const scratch = process.env.RUNLOCK_INTEROP_SCRATCH;
 // A `bun build --compile` binary of fixtures/child.ts, copied to a directory
 // with no node_modules: proof that the single binary is self-contained.
 const binary = process.env.RUNLOCK_INTEROP_BINARY;
+// The same for the runlock CLI (bin/runlock.js of the npm package).
+const cliBinary = process.env.RUNLOCK_INTEROP_CLI;
 const isDeno = "Deno" in globalThis;
 
 type Runtime = "deno" | "node" | "bun";
@@ -143,6 +147,61 @@ describe("cross-runtime", { skip: !scratch || !isDeno }, () => {
         await first.kill();
       } finally {
         await compiled.kill();
+        cleanup();
+      }
+    },
+  );
+
+  test(
+    "the runlock CLI as a bun --compile binary: status and run against a lock held by a Deno process",
+    {
+      skip: !cliBinary,
+    },
+    async () => {
+      const { dir, cleanup } = tempDir();
+      const path = join(dir, "run.lock");
+      const first = await holder(path);
+      try {
+        const status = spawnSync(cliBinary!, ["status", path], {
+          encoding: "utf8",
+        });
+        assert.equal(status.status, 0, status.stderr);
+        assert.match(
+          status.stdout,
+          new RegExp(`^held by pid ${first.pid} on ${hostname()} since `),
+        );
+        const marker = join(dir, "ran");
+        const refused = spawnSync(cliBinary!, [
+          "run",
+          path,
+          "--",
+          "touch",
+          marker,
+        ], {
+          encoding: "utf8",
+        });
+        assert.equal(refused.status, 75);
+        assert.match(
+          refused.stderr,
+          new RegExp(`another run is active as pid ${first.pid}`),
+        );
+        assert.equal(existsSync(marker), false);
+        first.send("release");
+        await first.expect("released");
+        const ran = spawnSync(cliBinary!, [
+          "run",
+          path,
+          "--",
+          "sh",
+          "-c",
+          `touch ${marker}; exit 4`,
+        ], {
+          encoding: "utf8",
+        });
+        assert.equal(ran.status, 4, ran.stderr);
+        assert.ok(existsSync(marker));
+      } finally {
+        await first.kill();
         cleanup();
       }
     },
