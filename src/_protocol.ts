@@ -15,8 +15,18 @@ import {
   UnsupportedFilesystemError,
 } from "./errors.ts";
 import { platform as p } from "./platform/current.ts";
-import { type FileInfo, type Handle, SysError } from "./platform/types.ts";
-import { formatRecord, MAX_RECORD_BYTES, parseRecord } from "./record.ts";
+import {
+  type FileInfo,
+  type Handle,
+  type Liveness,
+  SysError,
+} from "./platform/types.ts";
+import {
+  formatRecord,
+  MAX_PID,
+  MAX_RECORD_BYTES,
+  parseRecord,
+} from "./record.ts";
 
 /** Attempts in one acquire loop before giving up as contended. */
 export const MAX_ATTEMPTS = 16;
@@ -128,6 +138,18 @@ function invalidOpen(err: SysError, path: string): InvalidLockFileError {
       : "is not a regular file (a FIFO, socket or device)",
     { cause: err },
   );
+}
+
+/**
+ * `kill(pid, 0)` as a second opinion. Never with 0 or a negative number:
+ * `kill(0, 0)` probes our own process group and `kill(-1, 0)` every
+ * process, so both always say "alive". (parsePid already returns 0 for
+ * anything else; this is the one gate every caller passes.)
+ */
+function liveness(pid: number): Liveness {
+  if (!Number.isInteger(pid) || pid < 1 || pid > MAX_PID) return "unknown";
+  if (pid === p.pid) return "alive";
+  return p.processAlive(pid);
 }
 
 function sameFile(a: FileInfo | null, b: FileInfo): boolean {
@@ -284,7 +306,7 @@ function contend(path: string): Verdict {
           return removeStale(path, ours);
         case "foreign": {
           // Seed policy: only a provably dead PID makes a pidfile stale.
-          if (p.processAlive(record.pid) === "dead") {
+          if (liveness(record.pid) === "dead") {
             return removeStale(path, ours);
           }
           return {
@@ -312,7 +334,7 @@ function contend(path: string): Verdict {
     // A dead PID under a held flock is a peer taking over a crashed run's
     // file (it holds LOCK_EX for microseconds): look again before saying
     // "held by a dead pid". `kill` is only a second opinion here.
-    const sure = pid === 0 || p.processAlive(pid) !== "dead";
+    const sure = pid === 0 || liveness(pid) !== "dead";
     return { kind: "held", held: { pid, host }, sure };
   } finally {
     handle.close();
@@ -398,11 +420,13 @@ export function* attemptLoop(
   throw new ContendedError(path, MAX_ATTEMPTS);
 }
 
+const sleeper = new Int32Array(new SharedArrayBuffer(4));
+
 /** Drives {@linkcode attemptLoop} with blocking sleeps. */
 export function runSync<T>(steps: Generator<number, T, void>): T {
   let step = steps.next();
   while (!step.done) {
-    p.sleepSync(step.value);
+    Atomics.wait(sleeper, 0, 0, step.value);
     step = steps.next();
   }
   return step.value;
@@ -448,7 +472,7 @@ export function probe(path: string): Probe {
       case "foreign":
         result.pid = record.pid;
         result.foreign = true;
-        result.state = locked || p.processAlive(record.pid) !== "dead"
+        result.state = locked || liveness(record.pid) !== "dead"
           ? "held"
           : "stale";
         return result;

@@ -155,7 +155,6 @@ class DenoHandle implements Handle {
 
 let hostnameCache: string | undefined;
 let runGranted: boolean | undefined;
-const sleeper = new Int32Array(new SharedArrayBuffer(4));
 
 /** The Deno platform. */
 export const platform: Platform = {
@@ -286,12 +285,6 @@ export const platform: Platform = {
   },
 
   processAlive(pid: number): Liveness {
-    // Never kill(0) or kill(-n): those probe process groups and always
-    // answer "alive".
-    if (!Number.isInteger(pid) || pid < 1 || pid > 0x7fffffff) {
-      return "unknown";
-    }
-    if (pid === Deno.pid) return "alive";
     if (runGranted === undefined || !runGranted) {
       runGranted = Deno.permissions.querySync({ name: "run" }).state ===
         "granted";
@@ -305,10 +298,6 @@ export const platform: Platform = {
       if (err instanceof Deno.errors.PermissionDenied) return "alive"; // EPERM
       return "unknown";
     }
-  },
-
-  sleepSync(ms: number): void {
-    Atomics.wait(sleeper, 0, 0, ms);
   },
 
   watchDir(

@@ -76,10 +76,11 @@ export interface Platform {
   mkdirp(path: string): void;
   /** Names in a directory. */
   readDir(path: string): string[];
-  /** `kill(pid, 0)`, answered without ever prompting for a permission. */
+  /**
+   * `kill(pid, 0)`, answered without ever prompting for a permission. The
+   * core only asks about valid PIDs (1 to 2^31-1) of other processes.
+   */
   processAlive(pid: number): Liveness;
-  /** Blocks the calling thread for `ms` milliseconds. */
-  sleepSync(ms: number): void;
   /**
    * Calls `onChange` with an entry's name when an entry of `dir` changes,
    * until the returned function is called. Returns `undefined` when
