@@ -99,6 +99,25 @@ fail(
   ),
 );
 
+// Ship only the declarations that mod.d.ts reaches (not the internals').
+const reached = new Set<string>();
+const queue = [join(tscOut, "mod.d.ts")];
+while (queue.length > 0) {
+  const file = queue.pop()!;
+  if (reached.has(file)) continue;
+  reached.add(file);
+  for (
+    const [, spec] of readFileSync(file, "utf8").matchAll(
+      /from ["'](\.{1,2}\/[^"']+)\.ts["']/g,
+    )
+  ) {
+    queue.push(join(dirname(file), `${spec}.d.ts`));
+  }
+}
+for (const file of walk(tscOut)) {
+  if (file.endsWith(".d.ts") && !reached.has(file)) rmSync(file);
+}
+
 // Declarations: esm/*.d.ts and, for require, the same as cjs/*.d.cts. Their
 // specifiers point at the sources' .ts files: point them at .js/.cjs.
 // Examples in the docs import the JSR name; on npm the package is "runlock".

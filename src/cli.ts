@@ -62,7 +62,20 @@ another run (run), 126/127 command not executable/not found.`;
 
 class UsageError extends Error {}
 
-/** Where {@linkcode main} writes: one line per call, without the newline. */
+/**
+ * Where {@linkcode main} writes: one line per call, without the newline.
+ *
+ * @example Capturing what the command prints
+ * ```ts
+ * import { type CliIo, main } from "@runlock/runlock/cli";
+ * import assert from "node:assert/strict";
+ *
+ * const out: string[] = [];
+ * const io: CliIo = { out: (t) => out.push(t), err: () => {} };
+ * assert.equal(await main(["--version"], io), 0);
+ * assert.match(out[0], /^runlock \d+\.\d+\.\d+$/);
+ * ```
+ */
 export interface CliIo {
   /** The answer (stdout). */
   out(text: string): void;
