@@ -26,6 +26,7 @@ import {
   MAX_PID,
   MAX_RECORD_BYTES,
   parseRecord,
+  recordHead,
 } from "./record.ts";
 
 /** Attempts in one acquire loop before giving up as contended. */
@@ -158,11 +159,29 @@ function sameFile(a: FileInfo | null, b: FileInfo): boolean {
 
 const encoder = new TextEncoder();
 
-function randomHex(): string {
-  const bytes = crypto.getRandomValues(new Uint8Array(8));
-  let hex = "";
-  for (const b of bytes) hex += b.toString(16).padStart(2, "0");
-  return hex;
+// Temp names: a random 32-bit prefix per process and a counter, so that a
+// name costs no system call and no random draw on the hot path, and other
+// processes still cannot predict it. O_EXCL settles any collision.
+const processTag = Array.from(
+  crypto.getRandomValues(new Uint8Array(4)),
+  (b) => b.toString(16).padStart(2, "0"),
+).join("");
+let tempCounter = 0;
+
+// Per lock path, the parts of the temp path and of the record that never
+// change: computed once, since node:path and string building show up on a
+// hot path that is otherwise a handful of system calls.
+const cache = new Map<string, { tempPrefix: string; head: string }>();
+function parts(path: string): { tempPrefix: string; head: string } {
+  let found = cache.get(path);
+  if (found === undefined) {
+    found = {
+      tempPrefix: join(dirname(path), `.${basename(path)}.${processTag}`),
+      head: recordHead(p.pid, p.hostname()),
+    };
+    cache.set(path, found);
+  }
+  return found;
 }
 
 const TEMP = /^[0-9a-f]{16}$/;
@@ -178,8 +197,11 @@ interface Temp {
  * record. `undefined` means a sweeper got to it before our flock: try again.
  */
 function createTemp(path: string): Temp | undefined {
-  const dir = dirname(path);
-  const tempPath = join(dir, `.${basename(path)}.${randomHex()}.tmp`);
+  const { tempPrefix, head } = parts(path);
+  tempCounter = (tempCounter + 1) >>> 0;
+  const tempPath = `${tempPrefix}${
+    tempCounter.toString(16).padStart(8, "0")
+  }.tmp`;
   let handle: Handle;
   try {
     handle = p.createNew(tempPath);
@@ -189,7 +211,7 @@ function createTemp(path: string): Temp | undefined {
     if (code !== "ENOENT") throw mapError(err, path, "cannot create the lock");
     // The directory is missing: create it, once, off the hot path.
     try {
-      p.mkdirp(dir);
+      p.mkdirp(dirname(path));
       handle = p.createNew(tempPath);
     } catch (err) {
       throw mapError(err, path, "cannot create the lock's directory");
@@ -202,8 +224,7 @@ function createTemp(path: string): Temp | undefined {
       return undefined;
     }
     const started = new Date();
-    const record = formatRecord(p.pid, p.hostname(), started, p.runtime);
-    handle.write(encoder.encode(record));
+    handle.write(encoder.encode(formatRecord(head, started, p.runtime)));
     return { path: tempPath, handle, started };
   } catch (err) {
     discardTemp({ path: tempPath, handle, started: new Date(0) });

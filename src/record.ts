@@ -47,16 +47,21 @@ export function parsePid(text: string): number {
   return pid <= MAX_PID ? pid : 0;
 }
 
+/**
+ * The part of this process's record that is the same for every lock:
+ * everything before the `started=` line.
+ */
+export function recordHead(pid: number, host: string): string {
+  return host ? `${pid}\nrunlock 1\nhost=${host}\n` : `${pid}\nrunlock 1\n`;
+}
+
 /** Formats the record this process writes when it takes a lock. */
 export function formatRecord(
-  pid: number,
-  host: string,
+  head: string,
   started: Date,
   runtime: string,
 ): string {
-  let text = `${pid}\nrunlock 1\n`;
-  if (host) text += `host=${host}\n`;
-  return text + `started=${started.toISOString()}\nruntime=${runtime}\n`;
+  return `${head}started=${started.toISOString()}\nruntime=${runtime}\n`;
 }
 
 const decoder = new TextDecoder("utf-8", { fatal: true });

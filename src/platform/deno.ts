@@ -9,7 +9,7 @@
  * @module
  */
 
-import { basename, dirname } from "node:path";
+import { basename } from "node:path";
 import {
   type FileInfo,
   type Handle,
@@ -49,6 +49,12 @@ function sysError(err: unknown, syscall: string, path: string): SysError {
   return new SysError(code, syscall, `${syscall} '${path}': ${message}`, {
     cause: err,
   });
+}
+
+/** The directory part of a path; node:path's dirname is slow on the hot path. */
+function parent(path: string): string {
+  const slash = path.lastIndexOf("/");
+  return slash < 0 ? "." : slash === 0 ? "/" : path.slice(0, slash);
 }
 
 // Permission answers that were "granted", per "read:dir" / "write:dir".
@@ -184,7 +190,7 @@ export const platform: Platform = {
   },
 
   createNew(path: string): Handle {
-    const dir = dirname(path);
+    const dir = parent(path);
     try {
       need("read", dir, "open");
       need("write", dir, "open");
@@ -206,7 +212,7 @@ export const platform: Platform = {
     // (opening one read-only blocks until a writer comes). Then fstat the
     // descriptor: if the path was swapped between the two calls, report it
     // as gone and let the caller retry.
-    need("read", dirname(path), "open");
+    need("read", parent(path), "open");
     let before: Deno.FileInfo;
     try {
       before = Deno.lstatSync(path);
@@ -240,7 +246,7 @@ export const platform: Platform = {
 
   link(existing: string, created: string): void {
     try {
-      need("write", dirname(created), "link");
+      need("write", parent(created), "link");
       Deno.linkSync(existing, created);
     } catch (err) {
       throw sysError(err, "link", created);
@@ -249,7 +255,7 @@ export const platform: Platform = {
 
   unlink(path: string): void {
     try {
-      need("write", dirname(path), "unlink");
+      need("write", parent(path), "unlink");
       Deno.removeSync(path);
     } catch (err) {
       throw sysError(err, "unlink", path);
@@ -258,7 +264,7 @@ export const platform: Platform = {
 
   lstat(path: string): FileInfo | null {
     try {
-      need("read", dirname(path), "lstat");
+      need("read", parent(path), "lstat");
       return info(Deno.lstatSync(path));
     } catch (err) {
       if (err instanceof Deno.errors.NotFound) return null;
