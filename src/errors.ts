@@ -154,9 +154,9 @@ export class LockPermissionError extends RunlockError {
 }
 
 /**
- * The lock's filesystem cannot carry the protocol: no hard links (FAT,
- * some FUSE filesystems) or no `flock(2)`. runlock refuses rather than
- * downgrade silently.
+ * The lock's filesystem (or OS) cannot carry the protocol: no hard links
+ * (FAT, some FUSE filesystems) or no `flock(2)` (Windows). runlock refuses
+ * rather than downgrade silently.
  *
  * @example The message names what is missing
  * ```ts
@@ -178,8 +178,8 @@ export class UnsupportedFilesystemError extends RunlockError {
   constructor(path: string, feature: string, options?: ErrorOptions) {
     super(
       path,
-      `${path}: the filesystem does not support ${feature}, which runlock needs; ` +
-        `put the lock on a local filesystem (ext4, xfs, btrfs, tmpfs, apfs)`,
+      `${path}: the filesystem or OS does not support ${feature}, which runlock needs; ` +
+        `put the lock on a local filesystem (ext4, xfs, btrfs, tmpfs, apfs) on Linux, macOS or BSD`,
       options,
     );
     this.name = "UnsupportedFilesystemError";

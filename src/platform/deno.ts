@@ -90,6 +90,8 @@ function info(s: Deno.FileInfo): FileInfo {
   };
 }
 
+const WINDOWS = Deno.build.os === "windows";
+
 class DenoHandle implements Handle {
   #file: Deno.FsFile;
   #path: string;
@@ -100,6 +102,15 @@ class DenoHandle implements Handle {
   }
 
   tryLock(exclusive: boolean): boolean {
+    if (WINDOWS) {
+      // Windows locks are mandatory and open files cannot be unlinked: the
+      // protocol does not hold there, so refuse rather than downgrade.
+      throw new SysError(
+        "ENOSYS",
+        "flock",
+        `flock '${this.#path}': runlock does not support Windows`,
+      );
+    }
     try {
       return this.#file.tryLockSync(exclusive);
     } catch (err) {
