@@ -35,12 +35,14 @@ export {
   acquire,
   type AcquireOptions,
   acquireSync,
+  type AcquireSyncOptions,
   type Lock,
 } from "./src/lock.ts";
 export { activePid, held, inspect, type Inspection } from "./src/probes.ts";
 export {
   ContendedError,
   HeldError,
+  type HeldErrorOptions,
   InvalidLockFileError,
   LockLostError,
   LockPermissionError,

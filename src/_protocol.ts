@@ -6,9 +6,9 @@
  * @module
  */
 
-import { basename, dirname, join } from "node:path";
 import {
   ContendedError,
+  HeldError,
   InvalidLockFileError,
   LockPermissionError,
   RunlockError,
@@ -16,6 +16,7 @@ import {
 } from "./errors.ts";
 import { platform as p } from "./platform/current.ts";
 import {
+  type Dir,
   type FileInfo,
   type Handle,
   type Liveness,
@@ -32,6 +33,35 @@ import {
 /** Attempts in one acquire loop before giving up as contended. */
 export const MAX_ATTEMPTS = 16;
 
+/** The lock file's mode unless the caller asks for another. */
+export const DEFAULT_MODE = 0o644;
+
+/**
+ * A lock path, split once. `dir` and `name` are what the kernel sees: the
+ * path's directory part (as given, resolved only when pinned) and its last
+ * component.
+ */
+export interface LockPath {
+  /** The path as the caller gave it, for messages. */
+  path: string;
+  /** The directory part (`"."` for a bare name). */
+  dir: string;
+  /** The last component. */
+  name: string;
+}
+
+/**
+ * The lock's directory, resolved once and pinned at acquire: every later
+ * system call of that acquire and of the lock it returns names `file` (or a
+ * temp file beside it), never the caller's path again.
+ */
+export interface Target extends LockPath {
+  /** The pinned directory. */
+  pinned: Dir;
+  /** The lock file, through the pinned directory. */
+  file: string;
+}
+
 /** The lock was taken: our descriptor (holding LOCK_EX) and its inode. */
 export interface Acquired {
   handle: Handle;
@@ -43,6 +73,7 @@ export interface Acquired {
 export interface HeldBy {
   pid: number;
   host: string;
+  started: Date | undefined;
 }
 
 /** The three answers a probe gives, plus `invalid`. */
@@ -56,10 +87,46 @@ export interface Probe {
   started: Date | undefined;
   foreign: boolean;
   reason: string | undefined;
+  /**
+   * `held`, but by a PID that is provably dead: a peer in the microseconds
+   * of a takeover (or a tool such as flock(1) on a crashed run's file).
+   * Callers look again before answering.
+   */
+  racing: boolean;
 }
 
 export function errnoOf(err: unknown): string | undefined {
   return err instanceof SysError ? err.code : undefined;
+}
+
+/**
+ * Splits and checks a lock path: one rule for every entry point, before
+ * anything touches the disk. The last component must name a file.
+ */
+export function lockPath(path: unknown, action: string): LockPath {
+  if (typeof path !== "string" || path === "" || path.includes("\0")) {
+    throw new TypeError(
+      `Cannot ${action} as 'path' must be a non-empty string without NUL: current value is ${
+        typeof path === "string" ? JSON.stringify(path) : String(path)
+      }`,
+    );
+  }
+  const slash = path.lastIndexOf("/");
+  const name = path.slice(slash + 1);
+  if (name === "" || name === "." || name === "..") {
+    throw new TypeError(
+      `Cannot ${action} as 'path' must name a file, not a directory: current value is ${
+        JSON.stringify(path)
+      }`,
+    );
+  }
+  const dir = slash < 0 ? "." : slash === 0 ? "/" : path.slice(0, slash);
+  return { path, dir, name };
+}
+
+/** `dir + "/" + name` without doubling the slash after "/". */
+export function within(dir: string, name: string): string {
+  return dir.endsWith("/") ? dir + name : `${dir}/${name}`;
 }
 
 const LINK_UNSUPPORTED = new Set(["EPERM", "ENOTSUP", "EOPNOTSUPP", "ENOSYS"]);
@@ -79,7 +146,7 @@ export function mapError(err: unknown, path: string, action: string): Error {
       cause: err,
     });
   }
-  const dir = dirname(path);
+  const dir = lockPath(path, "name the lock").dir;
   const { code, syscall } = err;
   if (code === "NOTCAPABLE") {
     return new LockPermissionError(
@@ -88,6 +155,11 @@ export function mapError(err: unknown, path: string, action: string): Error {
       `run Deno with --allow-read=${dir} --allow-write=${dir} (runlock never prompts)`,
       { cause: err },
     );
+  }
+  if (code === "ENOFFI") {
+    return new RunlockError(path, `${path}: ${action}: ${err.message}`, {
+      cause: err,
+    });
   }
   if (syscall === "link" && LINK_UNSUPPORTED.has(code)) {
     return new UnsupportedFilesystemError(path, "hard links", { cause: err });
@@ -118,22 +190,58 @@ export function mapError(err: unknown, path: string, action: string): Error {
       { cause: err },
     );
   }
+  if (code === "ENAMETOOLONG") {
+    return new RunlockError(
+      path,
+      `${path}: ${action}: the name or the path is longer than the filesystem allows`,
+      { cause: err },
+    );
+  }
   return new RunlockError(path, `${path}: ${action}: ${err.message}`, {
     cause: err,
   });
 }
 
-function invalidOpen(err: SysError, path: string): InvalidLockFileError {
+/**
+ * The error for a lock file this user may not open for reading: the file
+ * itself is unreadable (its mode), or the directory is. Says which.
+ */
+function unreadable(err: SysError, lp: LockPath, file: string): Error {
+  let info: FileInfo | null = null;
+  try {
+    info = p.lstat(file);
+  } catch {
+    // The directory itself is not searchable: the generic message fits.
+  }
+  if (info === null || (err.code !== "EACCES" && err.code !== "EPERM")) {
+    return mapError(err, lp.path, "cannot read the lock file");
+  }
+  return new LockPermissionError(
+    lp.path,
+    "cannot read the lock file",
+    `the file is not readable by this user (mode ${
+      info.mode.toString(8).padStart(4, "0")
+    }, owner uid ${info.uid}); probes need read access to the file`,
+    { cause: err },
+  );
+}
+
+function invalidOpen(err: SysError, lp: LockPath, file: string): Error {
   if (err.code === "ELOOP") {
     return new InvalidLockFileError(
-      path,
+      lp.path,
       "is a symbolic link (runlock never follows one)",
       { cause: err },
     );
   }
-  const kind = p.lstat(path)?.kind;
+  let kind: FileInfo["kind"] | undefined;
+  try {
+    kind = p.lstat(file)?.kind;
+  } catch {
+    kind = undefined;
+  }
   return new InvalidLockFileError(
-    path,
+    lp.path,
     kind === "directory"
       ? "is a directory"
       : "is not a regular file (a FIFO, socket or device)",
@@ -153,9 +261,33 @@ function liveness(pid: number): Liveness {
   return p.processAlive(pid);
 }
 
+/**
+ * Whether a foreign pidfile (no runlock marker) names a run that may be
+ * alive. Its PID being our own means nothing: this process cannot hold a
+ * lock it has not taken (a container's service is PID 1 on every boot, and
+ * so was the run that left the file).
+ */
+function foreignAlive(pid: number): boolean {
+  if (pid === p.pid) return false;
+  return liveness(pid) !== "dead";
+}
+
 function sameFile(a: FileInfo | null, b: FileInfo): boolean {
   return a !== null && a.dev === b.dev && a.ino === b.ino;
 }
+
+/** A map key for an inode. */
+export function inodeKey(id: FileInfo): string {
+  return `${id.dev}:${id.ino}`;
+}
+
+/**
+ * The locks this process holds, by inode, with when each was taken. A
+ * second acquire of one of them (through any path: the same, a relative
+ * one, a symlinked directory, a hard link) fails at once with HeldError
+ * instead of waiting on our own flock: locks are not reentrant.
+ */
+export const heldHere = new Map<string, Date>();
 
 const encoder = new TextEncoder();
 
@@ -168,20 +300,35 @@ const processTag = Array.from(
 ).join("");
 let tempCounter = 0;
 
-// Per lock path, the parts of the temp path and of the record that never
-// change: computed once, since node:path and string building show up on a
-// hot path that is otherwise a handful of system calls.
-const cache = new Map<string, { tempPrefix: string; head: string }>();
-function parts(path: string): { tempPrefix: string; head: string } {
-  let found = cache.get(path);
-  if (found === undefined) {
-    found = {
-      tempPrefix: join(dirname(path), `.${basename(path)}.${processTag}`),
-      head: recordHead(p.pid, p.hostname()),
-    };
-    cache.set(path, found);
+// The longest file name (NAME_MAX) on the filesystems runlock supports.
+const NAME_MAX = 255;
+// "." + name + "." + 16 hex digits + ".tmp"
+const TEMP_EXTRA = 22;
+
+/**
+ * The part of a temp file's name that comes from the lock's name: the name,
+ * cut (at a character boundary) so that the temp name still fits in
+ * NAME_MAX bytes. Every lock name the filesystem accepts can then be
+ * locked.
+ */
+export function tempStem(name: string): string {
+  const room = NAME_MAX - TEMP_EXTRA;
+  if (name.length * 3 <= room) return name; // fast path: fits whatever it is
+  let bytes = 0;
+  let end = 0;
+  for (const ch of name) {
+    const size = encoder.encode(ch).length;
+    if (bytes + size > room) break;
+    bytes += size;
+    end += ch.length;
   }
-  return found;
+  return name.slice(0, end);
+}
+
+// The record's first lines are the same for every lock of this process.
+let head: string | undefined;
+function recordHeadHere(): string {
+  return head ??= recordHead(p.pid, p.hostname());
 }
 
 const TEMP = /^[0-9a-f]{16}$/;
@@ -190,32 +337,44 @@ interface Temp {
   path: string;
   handle: Handle;
   started: Date;
+  id: FileInfo;
 }
 
 /**
  * Step 1: a temp file, created new, locked LOCK_EX at once, holding the whole
- * record. `undefined` means a sweeper got to it before our flock: try again.
+ * record, with the lock's mode whatever the umask. `undefined` means a
+ * sweeper got to it before our flock: try again.
  */
-function createTemp(path: string): Temp | undefined {
-  const { tempPrefix, head } = parts(path);
+function createTemp(
+  target: Target,
+  mode: number,
+  extra: string,
+): Temp | undefined {
   tempCounter = (tempCounter + 1) >>> 0;
-  const tempPath = `${tempPrefix}${
-    tempCounter.toString(16).padStart(8, "0")
-  }.tmp`;
+  const tempPath = within(
+    target.pinned.prefix,
+    `.${tempStem(target.name)}.${processTag}${
+      tempCounter.toString(16).padStart(8, "0")
+    }.tmp`,
+  );
   let handle: Handle;
   try {
     handle = p.createNew(tempPath);
   } catch (err) {
     const code = errnoOf(err);
     if (code === "EEXIST") return undefined; // 64 random bits collided
-    if (code !== "ENOENT") throw mapError(err, path, "cannot create the lock");
-    // The directory is missing: create it, once, off the hot path.
-    try {
-      p.mkdirp(dirname(path));
-      handle = p.createNew(tempPath);
-    } catch (err) {
-      throw mapError(err, path, "cannot create the lock's directory");
+    if (code === "ENOENT") {
+      // The directory was pinned, so it exists (or existed): it refuses
+      // new files. Say that, not "missing directory".
+      throw new RunlockError(
+        target.path,
+        `${target.path}: cannot create the lock: ${target.dir} does not accept new files ` +
+          `(creating one there fails with ENOENT: a virtual filesystem such as /proc or /sys, ` +
+          `or a directory removed since); choose a lock path on a real filesystem`,
+        { cause: err },
+      );
     }
+    throw mapError(err, target.path, "cannot create the lock");
   }
   try {
     if (!handle.tryLock(true)) {
@@ -223,14 +382,29 @@ function createTemp(path: string): Temp | undefined {
       handle.close();
       return undefined;
     }
+    const id = handle.stat();
+    // The umask may have taken bits away (077 makes it 0600, which other
+    // users' probes could not read): set the mode we promise.
+    if (id.mode !== mode) handle.chmod(mode);
     const started = new Date();
-    handle.write(encoder.encode(formatRecord(head, started, p.runtime)));
-    return { path: tempPath, handle, started };
+    handle.write(
+      encoder.encode(formatRecord(recordHeadHere(), started, p.runtime, extra)),
+    );
+    return { path: tempPath, handle, started, id };
   } catch (err) {
-    discardTemp({ path: tempPath, handle, started: new Date(0) });
-    throw mapError(err, path, "cannot write the lock");
+    discardTemp({ path: tempPath, handle, started: new Date(0), id: EMPTY });
+    throw mapError(err, target.path, "cannot write the lock");
   }
 }
+
+const EMPTY: FileInfo = {
+  dev: 0,
+  ino: 0,
+  size: 0,
+  mode: 0,
+  uid: 0,
+  kind: "other",
+};
 
 function discardTemp(temp: Temp): void {
   try {
@@ -243,11 +417,13 @@ function discardTemp(temp: Temp): void {
 
 /**
  * Removes `.<name>.<random>.tmp` files whose creator is dead: their
- * LOCK_EX|LOCK_NB succeeds. Best effort; never throws.
+ * LOCK_EX|LOCK_NB succeeds, and they hold nothing but a runlock record (or
+ * nothing: the creator died before writing). A file that only looks like
+ * ours is left alone. Best effort; never throws.
  */
-export function sweep(path: string): number {
-  const dir = dirname(path);
-  const prefix = `.${basename(path)}.`;
+export function sweep(target: Target): number {
+  const dir = target.pinned.prefix;
+  const prefix = `.${tempStem(target.name)}.`;
   let names: string[];
   try {
     names = p.readDir(dir);
@@ -258,7 +434,7 @@ export function sweep(path: string): number {
   for (const name of names) {
     if (!name.startsWith(prefix) || !name.endsWith(".tmp")) continue;
     if (!TEMP.test(name.slice(prefix.length, -4))) continue;
-    const tempPath = join(dir, name);
+    const tempPath = within(dir, name);
     let handle: Handle;
     try {
       handle = p.openExisting(tempPath);
@@ -267,7 +443,10 @@ export function sweep(path: string): number {
     }
     try {
       // Unlink only while holding LOCK_EX on the inode the name still names.
-      if (handle.tryLock(true) && sameFile(p.lstat(tempPath), handle.stat())) {
+      if (!handle.tryLock(true)) continue;
+      const kind = parseRecord(handle.readAll(MAX_RECORD_BYTES + 1)).kind;
+      if (kind !== "empty" && kind !== "runlock") continue;
+      if (sameFile(p.lstat(tempPath), handle.stat())) {
         p.unlink(tempPath);
         removed++;
       }
@@ -288,56 +467,64 @@ type Verdict =
 const RETRY: Verdict = { kind: "retry", tookOver: false };
 const TOOK_OVER: Verdict = { kind: "retry", tookOver: true };
 
-/** Unlinks `path` if it still names the inode we hold LOCK_EX on. */
-function removeStale(path: string, ours: FileInfo): Verdict {
+/** Unlinks `file` if it still names the inode we hold LOCK_EX on. */
+function removeStale(target: Target, ours: FileInfo): Verdict {
   // We hold LOCK_EX on this inode and every participant unlinks only under
-  // that lock, after this same check, so a fresh lock is never deleted.
-  if (sameFile(p.lstat(path), ours)) {
+  // that lock, after this same check, through the same pinned directory,
+  // so a fresh lock is never deleted.
+  if (sameFile(p.lstat(target.file), ours)) {
     try {
-      p.unlink(path);
+      p.unlink(target.file);
     } catch (err) {
       if (errnoOf(err) !== "ENOENT") {
-        throw mapError(err, path, "cannot remove the stale lock");
+        throw mapError(err, target.path, "cannot remove the stale lock");
       }
     }
   }
   return TOOK_OVER;
 }
 
-/** Step 3: link said EEXIST. Decide who, if anyone, holds `path`. */
-function contend(path: string): Verdict {
+/** Step 3: link said EEXIST. Decide who, if anyone, holds the file. */
+function contend(target: Target): Verdict {
   let handle: Handle;
   try {
-    handle = p.openExisting(path);
+    handle = p.openExisting(target.file);
   } catch (err) {
     const code = errnoOf(err);
-    if (code === "ENOENT") return RETRY; // released in the meantime
+    if (code === "ENOENT" || code === "ERACE") return RETRY; // changed meanwhile
     if (code === "ELOOP" || code === "EFTYPE") {
-      throw invalidOpen(err as SysError, path);
+      throw invalidOpen(err as SysError, target, target.file);
     }
-    throw mapError(err, path, "cannot open the lock file");
+    if (err instanceof SysError) throw unreadable(err, target, target.file);
+    throw mapError(err, target.path, "cannot open the lock file");
   }
   try {
     const ours = handle.stat();
+    const since = heldHere.get(inodeKey(ours));
+    if (since !== undefined) {
+      throw new HeldError(target.path, p.pid, p.hostname(), {
+        started: since,
+        byThisProcess: true,
+      });
+    }
     if (handle.tryLock(true)) {
       const record = parseRecord(handle.readAll(MAX_RECORD_BYTES + 1));
       switch (record.kind) {
         case "empty":
         case "runlock":
-          return removeStale(path, ours);
+          return removeStale(target, ours);
         case "foreign": {
-          // Seed policy: only a provably dead PID makes a pidfile stale.
-          if (liveness(record.pid) === "dead") {
-            return removeStale(path, ours);
-          }
+          // Seed policy: only a provably dead PID (or our own, which we
+          // cannot be holding) makes a pidfile stale.
+          if (!foreignAlive(record.pid)) return removeStale(target, ours);
           return {
             kind: "held",
-            held: { pid: record.pid, host: "" },
+            held: { pid: record.pid, host: "", started: undefined },
             sure: true,
           };
         }
         case "garbage":
-          throw new InvalidLockFileError(path, record.reason);
+          throw new InvalidLockFileError(target.path, record.reason);
       }
     }
     if (handle.tryLock(false)) {
@@ -346,29 +533,57 @@ function contend(path: string): Verdict {
       return { kind: "backoff" };
     }
     // Both would block: a live holder, or a peer in the middle of a takeover.
-    if (!sameFile(p.lstat(path), ours)) return RETRY;
+    if (!sameFile(p.lstat(target.file), ours)) return RETRY;
     const record = parseRecord(handle.readAll(MAX_RECORD_BYTES + 1));
     const pid = record.kind === "runlock" || record.kind === "foreign"
       ? record.pid
       : 0;
     const host = record.kind === "runlock" ? record.host : "";
+    const started = record.kind === "runlock" ? record.started : undefined;
     // A dead PID under a held flock is a peer taking over a crashed run's
     // file (it holds LOCK_EX for microseconds): look again before saying
     // "held by a dead pid". `kill` is only a second opinion here.
     const sure = pid === 0 || liveness(pid) !== "dead";
-    return { kind: "held", held: { pid, host }, sure };
+    return { kind: "held", held: { pid, host, started }, sure };
   } finally {
     handle.close();
   }
 }
 
-// Paths this process has swept litter for. One sweep per path per process
-// (and one after each takeover, when a crash is known to have happened)
-// keeps the directory scan off the hot path.
+// Lock paths this process has swept litter for. One sweep per path per
+// process (and one after each takeover, when a crash is known to have
+// happened) keeps the directory scan off the hot path. Bounded: a server
+// that locks a new name per job must not grow without end; forgetting a
+// path only costs one more sweep.
 const swept = new Set<string>();
+const MAX_SWEPT = 1024;
 
 function backoffMs(attempt: number): number {
   return Math.min(0.05 * 2 ** attempt, 8) * (0.5 + Math.random() / 2);
+}
+
+/**
+ * Resolves the lock's directory once and pins it, creating it (and its
+ * parents) if it is missing. Every later call of the acquire, and of the
+ * lock it returns, goes through the pinned directory.
+ */
+export function pin(lp: LockPath): Target {
+  let pinned: Dir;
+  try {
+    pinned = p.openDir(lp.dir);
+  } catch (err) {
+    if (errnoOf(err) !== "ENOENT") {
+      throw mapError(err, lp.path, "cannot open the lock's directory");
+    }
+    // The directory is missing: create it, once, off the hot path.
+    try {
+      p.mkdirp(lp.dir);
+      pinned = p.openDir(lp.dir);
+    } catch (err) {
+      throw mapError(err, lp.path, "cannot create the lock's directory");
+    }
+  }
+  return { ...lp, pinned, file: within(pinned.prefix, lp.name) };
 }
 
 /**
@@ -377,17 +592,19 @@ function backoffMs(attempt: number): number {
  * Returns the lock, or who holds it; throws typed errors.
  */
 export function* attemptLoop(
-  path: string,
+  target: Target,
+  mode: number,
+  extra: string,
 ): Generator<number, Acquired | HeldBy, void> {
   let temp: Temp | undefined;
   let lastHeld: HeldBy | undefined;
   let tookOver = false;
   try {
     for (let attempt = 1; attempt <= MAX_ATTEMPTS; attempt++) {
-      temp ??= createTemp(path);
+      temp ??= createTemp(target, mode, extra);
       if (temp === undefined) continue;
       try {
-        p.link(temp.path, path);
+        p.link(temp.path, target.file);
       } catch (err) {
         const code = errnoOf(err);
         if (code === "ENOENT") {
@@ -397,9 +614,9 @@ export function* attemptLoop(
           continue;
         }
         if (code !== "EEXIST") {
-          throw mapError(err, path, "cannot create the lock");
+          throw mapError(err, target.path, "cannot create the lock");
         }
-        const verdict = contend(path);
+        const verdict = contend(target);
         if (verdict.kind === "retry") {
           tookOver ||= verdict.tookOver;
           continue;
@@ -411,7 +628,7 @@ export function* attemptLoop(
         yield backoffMs(attempt);
         continue;
       }
-      const { handle, started, path: tempPath } = temp;
+      const { handle, started, path: tempPath, id } = temp;
       temp = undefined;
       try {
         p.unlink(tempPath);
@@ -419,18 +636,10 @@ export function* attemptLoop(
         // Left behind, it is a second name of our locked inode; the sweep
         // removes it once we are gone.
       }
-      let id: FileInfo;
-      try {
-        id = handle.stat();
-      } catch (err) {
-        // Without our inode we could not release safely: give the lock up.
-        // Closing drops the flock, so the file is stale for the next taker.
-        handle.close();
-        throw mapError(err, path, "cannot read back the lock");
-      }
-      if (tookOver || !swept.has(path)) {
-        swept.add(path);
-        sweep(path);
+      if (tookOver || !swept.has(target.path)) {
+        if (swept.size >= MAX_SWEPT) swept.clear();
+        swept.add(target.path);
+        sweep(target);
       }
       return { handle, id, started };
     }
@@ -438,12 +647,12 @@ export function* attemptLoop(
     if (temp !== undefined) discardTemp(temp);
   }
   if (lastHeld !== undefined) return lastHeld;
-  throw new ContendedError(path, MAX_ATTEMPTS);
+  throw new ContendedError(target.path, MAX_ATTEMPTS);
 }
 
 const sleeper = new Int32Array(new SharedArrayBuffer(4));
 
-/** Drives {@linkcode attemptLoop} with blocking sleeps. */
+/** Drives a generator of sleeps with blocking sleeps. */
 export function runSync<T>(steps: Generator<number, T, void>): T {
   let step = steps.next();
   while (!step.done) {
@@ -456,9 +665,10 @@ export function runSync<T>(steps: Generator<number, T, void>): T {
 /**
  * The read-only probe: never takes LOCK_EX, never writes, needs only read
  * access. LOCK_SH, not LOCK_EX, so two probers never see each other as a
- * holder.
+ * holder. `file` is the path to open (the pinned file while acquiring, the
+ * caller's path otherwise); `lp` names it in errors.
  */
-export function probe(path: string): Probe {
+export function probe(lp: LockPath, file: string = lp.path): Probe {
   const result: Probe = {
     state: "free",
     pid: 0,
@@ -466,18 +676,27 @@ export function probe(path: string): Probe {
     started: undefined,
     foreign: false,
     reason: undefined,
+    racing: false,
   };
   let handle: Handle;
   try {
-    handle = p.openExisting(path);
+    handle = p.openExisting(file);
   } catch (err) {
     const code = errnoOf(err);
     if (code === "ENOENT") return result;
+    if (code === "ERACE") return { ...result, state: "held", racing: true };
     if (code === "ELOOP" || code === "EFTYPE") {
-      const error = invalidOpen(err as SysError, path);
-      return { ...result, state: "invalid", reason: error.reason };
+      const error = invalidOpen(err as SysError, lp, file) as
+        | InvalidLockFileError
+        | RunlockError;
+      return {
+        ...result,
+        state: "invalid",
+        reason: "reason" in error ? String(error.reason) : error.message,
+      };
     }
-    throw mapError(err, path, "cannot read the lock file");
+    if (err instanceof SysError) throw unreadable(err, lp, file);
+    throw mapError(err, lp.path, "cannot read the lock file");
   }
   try {
     const locked = !handle.tryLock(false);
@@ -489,13 +708,13 @@ export function probe(path: string): Probe {
         result.host = record.host;
         result.started = record.started;
         result.state = locked ? "held" : "stale";
+        // A dead holder under a held flock: a takeover in progress.
+        result.racing = locked && liveness(record.pid) === "dead";
         return result;
       case "foreign":
         result.pid = record.pid;
         result.foreign = true;
-        result.state = locked || liveness(record.pid) !== "dead"
-          ? "held"
-          : "stale";
+        result.state = locked || foreignAlive(record.pid) ? "held" : "stale";
         return result;
       case "empty":
         result.state = locked ? "held" : "stale";
@@ -510,8 +729,30 @@ export function probe(path: string): Probe {
         return result;
     }
   } catch (err) {
-    throw mapError(err, path, "cannot read the lock file");
+    throw mapError(err, lp.path, "cannot read the lock file");
   } finally {
     handle.close();
   }
+}
+
+/** Sleeps (ms) between looks while a probe sees a takeover in progress. */
+export const RACING_SLEEPS = [0, 1, 2, 4, 8, 16, 32, 64, 128];
+
+/**
+ * A probe that looks again while it sees a takeover in progress (a dead PID
+ * under a held flock), as acquire does, so that the dead PID is not
+ * reported as a live holder. Yields sleeps; after the last look it answers
+ * what it sees (a tool such as flock(1) may really hold a crashed run's
+ * file).
+ */
+export function* probeSteps(
+  lp: LockPath,
+): Generator<number, Probe, void> {
+  let found = probe(lp);
+  for (const ms of RACING_SLEEPS) {
+    if (!found.racing) return found;
+    yield ms;
+    found = probe(lp);
+  }
+  return found;
 }

@@ -38,9 +38,38 @@ export class RunlockError extends Error {
 }
 
 /**
+ * Options of {@linkcode HeldError}, beyond `cause`.
+ *
+ * @example A lock this process already holds
+ * ```ts
+ * import { HeldError, type HeldErrorOptions } from "@runlock/runlock";
+ * import assert from "node:assert/strict";
+ *
+ * const options: HeldErrorOptions = {
+ *   started: new Date("2026-11-30T09:52:11Z"),
+ *   byThisProcess: true,
+ * };
+ * const err = new HeldError("run.lock", 4242, "build-7", options);
+ * assert.equal(err.byThisProcess, true);
+ * assert.match(err.message, /this process \(pid 4242\) already holds it/);
+ * ```
+ */
+export interface HeldErrorOptions extends ErrorOptions {
+  /** When the holder took the lock, when known. */
+  started?: Date;
+  /**
+   * The holder is the calling process itself: locks are not reentrant, so a
+   * second acquire of a lock this process holds fails at once.
+   */
+  byThisProcess?: boolean;
+}
+
+/**
  * Another live run holds the lock. `pid` is the holder's PID as its record
  * says (0 when the file is locked by a tool that wrote no PID, such as
- * `flock(1)`), `host` its host name (`""` when unknown).
+ * `flock(1)`), `host` its host name (`""` when unknown). When the holder is
+ * this very process (`byThisProcess`), the message says so: runlock locks
+ * are not reentrant.
  *
  * @example Reporting the holder
  * ```ts
@@ -52,6 +81,11 @@ export class RunlockError extends Error {
  *   err.message,
  *   ".state/run.lock: another run is active as pid 4242 on build-7; wait for it or stop it",
  * );
+ * const noHost = new HeldError(".state/run.lock", 4242, "");
+ * assert.equal(
+ *   noHost.message,
+ *   ".state/run.lock: another run is active as pid 4242; wait for it or stop it",
+ * );
  * ```
  */
 export class HeldError extends RunlockError {
@@ -59,6 +93,10 @@ export class HeldError extends RunlockError {
   readonly pid: number;
   /** The holder's host name, or `""` when unknown. */
   readonly host: string;
+  /** When the holder took the lock, when known. */
+  readonly started: Date | undefined;
+  /** Whether the holder is the calling process itself. */
+  readonly byThisProcess: boolean;
 
   /**
    * Creates the error.
@@ -66,19 +104,35 @@ export class HeldError extends RunlockError {
    * @param path The lock file.
    * @param pid The holder's PID, or 0.
    * @param host The holder's host name, or `""`.
-   * @param options `cause`, when there is one.
+   * @param options `started`, `byThisProcess` and `cause`.
    */
-  constructor(path: string, pid: number, host: string, options?: ErrorOptions) {
-    const who = pid > 0 ? `as pid ${pid}` : "(the file names no pid)";
-    const where = host ? ` on ${host}` : "";
-    super(
-      path,
-      `${path}: another run is active ${who}${where}; wait for it or stop it`,
-      options,
-    );
+  constructor(
+    path: string,
+    pid: number,
+    host: string,
+    options?: HeldErrorOptions,
+  ) {
+    const self = options?.byThisProcess === true;
+    let message: string;
+    if (self) {
+      const since = options?.started
+        ? ` since ${options.started.toISOString()}`
+        : "";
+      message =
+        `${path}: this process (pid ${pid}) already holds it${since}; ` +
+        `runlock locks are not reentrant: use the lock you hold, or release it first`;
+    } else {
+      const who = pid > 0 ? `as pid ${pid}` : "(the file names no pid)";
+      const where = host ? ` on ${host}` : "";
+      message =
+        `${path}: another run is active ${who}${where}; wait for it or stop it`;
+    }
+    super(path, message, options);
     this.name = "HeldError";
     this.pid = pid;
     this.host = host;
+    this.started = options?.started;
+    this.byThisProcess = self;
   }
 }
 
@@ -110,8 +164,8 @@ export class InvalidLockFileError extends RunlockError {
   constructor(path: string, reason: string, options?: ErrorOptions) {
     super(
       path,
-      `${path}: ${reason}; it is not a lock file runlock can use, so it was left as it is. ` +
-        `Check what wrote it, then remove it or choose another path`,
+      `${path}: ${reason}; it is not a lock file runlock can use, and runlock ` +
+        `left it exactly as it is (it did not create it). Choose another path for the lock`,
       options,
     );
     this.name = "InvalidLockFileError";

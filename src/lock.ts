@@ -5,22 +5,56 @@
  * @module
  */
 
-import { basename, dirname } from "node:path";
 import {
   type Acquired,
   attemptLoop,
+  DEFAULT_MODE,
   errnoOf,
   type HeldBy,
+  heldHere,
+  inodeKey,
+  lockPath,
   mapError,
+  pin,
   probe,
   runSync,
+  type Target,
 } from "./_protocol.ts";
 import { ContendedError, HeldError, LockLostError } from "./errors.ts";
 import { platform as p } from "./platform/current.ts";
 import type { FileInfo, Handle } from "./platform/types.ts";
 
 /**
- * Options for {@linkcode acquire} and {@linkcode acquireSync}.
+ * Options for {@linkcode acquireSync}; {@linkcode acquire} also takes a
+ * `signal` ({@linkcode AcquireOptions}).
+ *
+ * @example A private lock, waiting up to 2 seconds
+ * ```ts
+ * import { acquireSync, type AcquireSyncOptions } from "@runlock/runlock";
+ *
+ * const dir = Deno.makeTempDirSync();
+ * const options: AcquireSyncOptions = { timeout: 2_000, mode: 0o600 };
+ * using _lock = acquireSync(`${dir}/run.lock`, options);
+ * ```
+ */
+export interface AcquireSyncOptions {
+  /**
+   * How long to keep trying while another run holds the lock, in
+   * milliseconds. `0` (the default) fails at once with {@linkcode HeldError};
+   * `Infinity` waits for as long as it takes.
+   */
+  timeout?: number;
+  /**
+   * The lock file's permission bits, whatever the umask: `0o644` by default,
+   * so that other users' status commands can read it (probes need read
+   * access to the file). `0o600` keeps it private to the owner. The owner
+   * must be able to read it.
+   */
+  mode?: number;
+}
+
+/**
+ * Options for {@linkcode acquire}.
  *
  * @example Waiting up to 5 seconds, or until shutdown
  * ```ts
@@ -34,17 +68,8 @@ import type { FileInfo, Handle } from "./platform/types.ts";
  * await using _lock = await acquire(`${dir}/run.lock`, options);
  * ```
  */
-export interface AcquireOptions {
-  /**
-   * How long to keep trying while another run holds the lock, in
-   * milliseconds. `0` (the default) fails at once with {@linkcode HeldError};
-   * `Infinity` waits for as long as it takes.
-   */
-  timeout?: number;
-  /**
-   * Stops waiting: the promise rejects with the signal's reason.
-   * Only {@linkcode acquire} takes it.
-   */
+export interface AcquireOptions extends AcquireSyncOptions {
+  /** Stops waiting: the promise rejects with the signal's reason. */
   signal?: AbortSignal;
 }
 
@@ -97,14 +122,17 @@ class RunLock implements Lock {
   readonly path: string;
   readonly pid: number = p.pid;
   readonly acquiredAt: Date;
+  #target: Target;
   #handle: Handle | undefined;
   #id: FileInfo;
 
-  constructor(path: string, acquired: Acquired) {
-    this.path = path;
+  constructor(target: Target, acquired: Acquired) {
+    this.path = target.path;
     this.acquiredAt = acquired.started;
+    this.#target = target;
     this.#handle = acquired.handle;
     this.#id = acquired.id;
+    heldHere.set(inodeKey(acquired.id), acquired.started);
   }
 
   get released(): boolean {
@@ -114,7 +142,7 @@ class RunLock implements Lock {
   isOwned(): boolean {
     if (this.#handle === undefined) return false;
     try {
-      const now = p.lstat(this.path);
+      const now = p.lstat(this.#target.file);
       return now !== null && now.dev === this.#id.dev &&
         now.ino === this.#id.ino;
     } catch {
@@ -126,27 +154,33 @@ class RunLock implements Lock {
     const handle = this.#handle;
     if (handle === undefined) return;
     this.#handle = undefined;
+    heldHere.delete(inodeKey(this.#id));
+    const target = this.#target;
     let lost: string | undefined;
     try {
       // Unlink first, unlock second: while we hold LOCK_EX on the inode that
-      // the path names, no other participant can unlink or replace it.
-      const now = p.lstat(this.path);
+      // the name names, no other participant can unlink or replace it. Both
+      // calls go through the directory pinned at acquire, so a symlink
+      // re-pointed in between cannot make them look at two directories.
+      const now = p.lstat(target.file);
       if (now === null) {
         lost = "was deleted";
       } else if (now.dev !== this.#id.dev || now.ino !== this.#id.ino) {
         lost = "was replaced by another file";
       } else {
-        p.unlink(this.path);
+        p.unlink(target.file);
       }
     } catch (err) {
       if (errnoOf(err) === "ENOENT") {
         lost = "was deleted";
       } else {
         handle.close();
+        target.pinned.close();
         throw mapError(err, this.path, "cannot remove the lock file");
       }
     }
     handle.close();
+    target.pinned.close();
     if (lost !== undefined) throw new LockLostError(this.path, this.pid, lost);
   }
 
@@ -168,24 +202,14 @@ class RunLock implements Lock {
   }
 }
 
-function checkArgs(
-  path: unknown,
-  options: AcquireOptions | undefined,
-): number {
-  if (typeof path !== "string" || path === "" || path.includes("\0")) {
-    throw new TypeError(
-      `Cannot acquire the lock as 'path' must be a non-empty string without NUL: current value is ${
-        JSON.stringify(path)
-      }`,
-    );
-  }
-  if (path.endsWith("/")) {
-    throw new TypeError(
-      `Cannot acquire the lock as 'path' must name a file, not a directory: current value is ${
-        JSON.stringify(path)
-      }`,
-    );
-  }
+interface Checked {
+  timeout: number;
+  mode: number;
+}
+
+function checkOptions(
+  options: AcquireSyncOptions | undefined,
+): Checked {
   const timeout = options?.timeout ?? 0;
   if (typeof timeout !== "number" || Number.isNaN(timeout) || timeout < 0) {
     throw new RangeError(
@@ -194,7 +218,18 @@ function checkArgs(
       }`,
     );
   }
-  return timeout;
+  const mode = options?.mode ?? DEFAULT_MODE;
+  if (
+    typeof mode !== "number" || !Number.isInteger(mode) || mode < 0 ||
+    mode > 0o777 || (mode & 0o400) === 0
+  ) {
+    throw new RangeError(
+      `Cannot acquire the lock as 'mode' must be permission bits from 0o400 to 0o777 that let the owner read: current value is ${
+        typeof mode === "number" ? `0o${mode.toString(8)}` : String(mode)
+      }`,
+    );
+  }
+  return { timeout, mode };
 }
 
 const MAX_POLL_MS = 10;
@@ -203,40 +238,50 @@ const MAX_POLL_MS = 10;
  * The whole acquire: attempt loops, and between them, while the lock is
  * held and time remains, polls of the read-only probe (no temp files, no
  * writes) until the lock looks free. Yields sleeps; `onWait` is called once
- * when waiting starts.
+ * when waiting starts. Closes the pinned directory unless it returns.
  */
 function* acquireSteps(
-  path: string,
-  timeout: number,
+  target: Target,
+  { timeout, mode }: Checked,
   onWait: () => void,
 ): Generator<number, Acquired, void> {
-  const deadline = performance.now() + timeout;
-  const remaining = () => deadline - performance.now();
-  for (let waited = false;; waited = true) {
-    let held: HeldBy | ContendedError;
-    try {
-      const outcome = yield* attemptLoop(path);
-      if ("handle" in outcome) return outcome;
-      held = outcome;
-    } catch (err) {
-      if (!(err instanceof ContendedError)) throw err;
-      held = err;
+  let done = false;
+  try {
+    const deadline = performance.now() + timeout;
+    const remaining = () => deadline - performance.now();
+    for (let waited = false;; waited = true) {
+      let held: HeldBy | ContendedError;
+      try {
+        const outcome = yield* attemptLoop(target, mode, "");
+        if ("handle" in outcome) {
+          done = true;
+          return outcome;
+        }
+        held = outcome;
+      } catch (err) {
+        if (!(err instanceof ContendedError)) throw err;
+        held = err;
+      }
+      if (remaining() <= 0) {
+        if (held instanceof ContendedError) throw held;
+        throw new HeldError(target.path, held.pid, held.host, {
+          started: held.started,
+        });
+      }
+      if (!waited) onWait();
+      // Poll with a growing interval (1 ms to 10 ms) until the lock looks
+      // free or time is up; a watcher may cut a sleep short.
+      for (
+        let interval = 1;
+        remaining() > 0;
+        interval = Math.min(interval * 2, MAX_POLL_MS)
+      ) {
+        yield Math.max(0, Math.min(interval, remaining()));
+        if (probe(target, target.file).state !== "held") break;
+      }
     }
-    if (remaining() <= 0) {
-      if (held instanceof ContendedError) throw held;
-      throw new HeldError(path, held.pid, held.host);
-    }
-    if (!waited) onWait();
-    // Poll with a growing interval (1 ms to 10 ms) until the lock looks
-    // free or time is up; a watcher may cut a sleep short.
-    for (
-      let interval = 1;
-      remaining() > 0;
-      interval = Math.min(interval * 2, MAX_POLL_MS)
-    ) {
-      yield Math.max(0, Math.min(interval, remaining()));
-      if (probe(path).state !== "held") break;
-    }
+  } finally {
+    if (!done) target.pinned.close();
   }
 }
 
@@ -244,18 +289,27 @@ function* acquireSteps(
  * Takes the run lock at `path`, creating missing parent directories.
  *
  * Fails at once with {@linkcode HeldError} when another live run holds it,
- * unless `timeout` says to wait. A file left by a crashed run is taken over
- * silently. Never blocks a thread in `flock(2)`: waiting retries the
+ * unless `timeout` says to wait, and at once when this process holds it
+ * already (locks are not reentrant). A file left by a crashed run is taken
+ * over silently. Never blocks a thread in `flock(2)`: waiting retries the
  * non-blocking attempt, and wakes early when the file goes away.
+ *
+ * The lock's directory is resolved once, here, and pinned: the lock means
+ * the file it took, whatever later happens to the path (a re-pointed
+ * symlink, a `chdir` after a relative path). The file lands where the
+ * kernel resolves `path`, `..` and symlinked directories included.
  *
  * Permissions (Deno): `--allow-read` and `--allow-write` for the lock's
  * directory. Optional: `--allow-sys=hostname` to record the host name, and
  * `--allow-run` to judge foreign pidfiles. Never prompts.
  *
  * @param path The lock file, for example `.state/run.lock`.
- * @param options `timeout` (ms) and `signal`.
+ * @param options `timeout` (ms), `signal` and `mode`.
  * @returns The held {@linkcode Lock}.
- * @throws {HeldError} another live run holds it (after `timeout`).
+ * @throws {TypeError} `path` is empty, holds a NUL, or names a directory.
+ * @throws {RangeError} `timeout` or `mode` is out of range.
+ * @throws {HeldError} another live run holds it (after `timeout`), or this
+ * process does.
  * @throws {InvalidLockFileError} the file is not a lock runlock can use; it is left untouched.
  * @throws {LockPermissionError} the OS or Deno refuses access.
  * @throws {UnsupportedFilesystemError} no hard links or no flock there.
@@ -280,15 +334,16 @@ export async function acquire(
   path: string,
   options?: AcquireOptions,
 ): Promise<Lock> {
-  const timeout = checkArgs(path, options);
+  const lp = lockPath(path, "acquire the lock");
+  const checked = checkOptions(options);
   const signal = options?.signal;
   signal?.throwIfAborted();
+  const target = pin(lp);
   let wake: (() => void) | undefined;
   let unwatch: (() => void) | undefined;
-  const name = basename(path);
-  const steps = acquireSteps(path, timeout, () => {
-    unwatch = p.watchDir(dirname(path), (changed) => {
-      if (changed === name) wake?.();
+  const steps = acquireSteps(target, checked, () => {
+    unwatch = p.watchDir(target.pinned.prefix, (changed) => {
+      if (changed === target.name) wake?.();
     });
   });
   try {
@@ -312,7 +367,7 @@ export async function acquire(
       });
       step = steps.next();
     }
-    return new RunLock(path, step.value);
+    return new RunLock(target, step.value);
   } finally {
     steps.return(undefined as never); // discards a temp file on abort
     unwatch?.();
@@ -327,25 +382,33 @@ export async function acquire(
  * Permissions (Deno): as for {@linkcode acquire}.
  *
  * @param path The lock file.
- * @param options `timeout` (ms); `signal` is ignored.
+ * @param options `timeout` (ms) and `mode`.
  * @returns The held {@linkcode Lock}.
- * @throws {HeldError} another live run holds it (after `timeout`).
+ * @throws {TypeError} `path` is empty, holds a NUL, or names a directory.
+ * @throws {RangeError} `timeout` or `mode` is out of range.
+ * @throws {HeldError} another live run holds it (after `timeout`), or this
+ * process does.
  * @throws {InvalidLockFileError} the file is not a lock runlock can use; it is left untouched.
  * @throws {LockPermissionError} the OS or Deno refuses access.
  * @throws {UnsupportedFilesystemError} no hard links or no flock there.
  * @throws {ContendedError} every attempt lost a race; try again.
  *
- * @example A second acquire in the same process is refused
+ * @example A second acquire in the same process is refused at once
  * ```ts
  * import { acquireSync, HeldError } from "@runlock/runlock";
  * import assert from "node:assert/strict";
  *
  * const dir = Deno.makeTempDirSync();
  * using lock = acquireSync(`${dir}/run.lock`);
- * assert.throws(() => acquireSync(lock.path), HeldError);
+ * assert.throws(
+ *   () => acquireSync(lock.path, { timeout: 60_000 }),
+ *   (err) => err instanceof HeldError && err.byThisProcess,
+ * );
  * ```
  */
-export function acquireSync(path: string, options?: AcquireOptions): Lock {
-  const timeout = checkArgs(path, options);
-  return new RunLock(path, runSync(acquireSteps(path, timeout, () => {})));
+export function acquireSync(path: string, options?: AcquireSyncOptions): Lock {
+  const lp = lockPath(path, "acquire the lock");
+  const checked = checkOptions(options);
+  const target = pin(lp);
+  return new RunLock(target, runSync(acquireSteps(target, checked, () => {})));
 }

@@ -9,7 +9,7 @@
  * @module
  */
 
-import { probe } from "./_protocol.ts";
+import { lockPath, type Probe, probeSteps } from "./_protocol.ts";
 import { InvalidLockFileError } from "./errors.ts";
 
 /**
@@ -61,7 +61,8 @@ export interface Inspection {
  *
  * @param path The lock file.
  * @returns The state, with the holder's pid, host and start time where known.
- * @throws {LockPermissionError} the lock's directory cannot be read.
+ * @throws {TypeError} `path` is empty, holds a NUL, or names a directory.
+ * @throws {LockPermissionError} the lock's directory or file cannot be read.
  *
  * @example A status command
  * ```ts
@@ -77,21 +78,27 @@ export interface Inspection {
  * assert.equal(info.pid, lock.pid);
  * ```
  */
-export function inspect(path: string): Promise<Inspection> {
-  try {
-    const found = probe(path);
-    return Promise.resolve({
-      path,
-      state: found.state,
-      pid: found.pid,
-      host: found.host,
-      started: found.started,
-      foreign: found.foreign,
-      reason: found.reason,
-    });
-  } catch (err) {
-    return Promise.reject(err);
+export async function inspect(path: string): Promise<Inspection> {
+  const lp = lockPath(path, "inspect the lock");
+  // A dead PID under a held flock is a takeover in progress: look again, as
+  // acquire does, rather than report the dead PID as the live holder.
+  const steps = probeSteps(lp);
+  let step = steps.next();
+  while (!step.done) {
+    const ms = step.value;
+    await new Promise((resolve) => setTimeout(resolve, ms));
+    step = steps.next();
   }
+  const found: Probe = step.value;
+  return {
+    path,
+    state: found.state,
+    pid: found.pid,
+    host: found.host,
+    started: found.started,
+    foreign: found.foreign,
+    reason: found.reason,
+  };
 }
 
 /**
@@ -102,8 +109,9 @@ export function inspect(path: string): Promise<Inspection> {
  *
  * @param path The lock file.
  * @returns `true` while a live run holds it.
+ * @throws {TypeError} `path` is empty, holds a NUL, or names a directory.
  * @throws {InvalidLockFileError} the file is not a lock runlock can use.
- * @throws {LockPermissionError} the lock's directory cannot be read.
+ * @throws {LockPermissionError} the lock's directory or file cannot be read.
  *
  * @example Nothing holds a missing lock
  * ```ts
@@ -131,8 +139,9 @@ export async function held(path: string): Promise<boolean> {
  *
  * @param path The lock file.
  * @returns `{ pid, alive }`.
+ * @throws {TypeError} `path` is empty, holds a NUL, or names a directory.
  * @throws {InvalidLockFileError} the file is not a lock runlock can use.
- * @throws {LockPermissionError} the lock's directory cannot be read.
+ * @throws {LockPermissionError} the lock's directory or file cannot be read.
  *
  * @example "a run is already active as pid N"
  * ```ts

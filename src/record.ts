@@ -55,13 +55,17 @@ export function recordHead(pid: number, host: string): string {
   return host ? `${pid}\nrunlock 1\nhost=${host}\n` : `${pid}\nrunlock 1\n`;
 }
 
-/** Formats the record this process writes when it takes a lock. */
+/**
+ * Formats the record this process writes when it takes a lock; `extra` is
+ * more `key=value` lines, each ending in a newline.
+ */
 export function formatRecord(
   head: string,
   started: Date,
   runtime: string,
+  extra = "",
 ): string {
-  return `${head}started=${started.toISOString()}\nruntime=${runtime}\n`;
+  return `${head}started=${started.toISOString()}\nruntime=${runtime}\n${extra}`;
 }
 
 const decoder = new TextDecoder("utf-8", { fatal: true });

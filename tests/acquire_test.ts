@@ -404,7 +404,7 @@ describe("directories", () => {
       assert.equal(lock.path, ".state/run.lock");
       await assert.rejects(
         acquire(".state/run.lock"),
-        /^HeldError: \.state\/run\.lock: another run/,
+        /^HeldError: \.state\/run\.lock: this process \(pid \d+\) already holds it/,
       );
       await lock.release();
     } finally {

@@ -3,14 +3,18 @@
 import assert from "node:assert/strict";
 import { spawnSync } from "node:child_process";
 import {
+  existsSync,
   lstatSync,
   mkdirSync,
+  readdirSync,
   readFileSync,
   readlinkSync,
   symlinkSync,
   writeFileSync,
 } from "node:fs";
+import { createServer } from "node:net";
 import { join } from "node:path";
+import process from "node:process";
 import { describe, test } from "node:test";
 import {
   acquire,
@@ -19,8 +23,9 @@ import {
   held,
   inspect,
   InvalidLockFileError,
+  RunlockError,
 } from "../mod.ts";
-import { deadPid, tempDir } from "./_helpers.ts";
+import { cliCommand, deadPid, tempDir } from "./_helpers.ts";
 
 function snapshot(path: string): string {
   const s = lstatSync(path);
@@ -105,6 +110,37 @@ describe("bad lock files", () => {
     }
   });
 
+  test("a UNIX socket at the path is refused as invalid, the same on every runtime", async () => {
+    const { dir, cleanup } = tempDir();
+    const path = join(dir, "run.lock");
+    const server = createServer();
+    try {
+      await new Promise<void>((resolve) => server.listen(path, resolve));
+      await assertRefused(path, /not a regular file/);
+    } finally {
+      await new Promise((resolve) => server.close(resolve));
+      cleanup();
+    }
+  });
+
+  test("a directory at the path is never advised for removal: the message says what it is and to choose another path", async () => {
+    const { dir, cleanup } = tempDir();
+    try {
+      await assert.rejects(acquire(dir + "/"), TypeError);
+      const state = join(dir, "state");
+      mkdirSync(state);
+      await assert.rejects(acquire(state), (err) => {
+        assert.ok(err instanceof InvalidLockFileError);
+        assert.match(err.message, /is a directory/);
+        assert.match(err.message, /[Cc]hoose another path/);
+        assert.doesNotMatch(err.message, /remove it/);
+        return true;
+      });
+    } finally {
+      cleanup();
+    }
+  });
+
   test("a symlink at the path is never followed, and its target is never touched", async () => {
     const { dir, cleanup } = tempDir();
     try {
@@ -135,7 +171,83 @@ describe("bad lock files", () => {
   });
 });
 
+describe("a directory that refuses new files", () => {
+  test("acquire('/proc/version') names the real cause, not a missing directory", async (t) => {
+    if (!existsSync("/proc/version")) return t.skip("no /proc");
+    await assert.rejects(acquire("/proc/version"), (err) => {
+      assert.ok(err instanceof RunlockError, String(err));
+      assert.match(err.message, /\/proc does not accept new files/);
+      assert.doesNotMatch(err.message, /directory: /);
+      return true;
+    });
+    assert.equal((await inspect("/proc/version")).state, "invalid");
+  });
+});
+
 describe("bad arguments", () => {
+  const badPaths: [string, unknown, RegExp][] = [
+    ["empty", "", /'path' must be a non-empty string/],
+    [
+      "with a NUL",
+      "a\0b.lock",
+      /'path' must be a non-empty string without NUL/,
+    ],
+    ["not a string", 42, /'path' must be a non-empty string/],
+    ["ending in /", "state/", /'path' must name a file/],
+    ["ending in /.", "state/.", /'path' must name a file/],
+    ["ending in /..", "state/..", /'path' must name a file/],
+    [".", ".", /'path' must name a file/],
+    ["..", "..", /'path' must name a file/],
+    ["/", "/", /'path' must name a file/],
+  ];
+  for (const [name, path, message] of badPaths) {
+    test(`a path ${name} is a TypeError from every entry point, before anything touches the disk`, async () => {
+      const { dir, cleanup } = tempDir();
+      const cwd = process.cwd();
+      try {
+        process.chdir(dir);
+        const p = path as string;
+        const check = (err: unknown) => {
+          assert.ok(err instanceof TypeError, String(err));
+          assert.match(err.message, message);
+          return true;
+        };
+        await assert.rejects(acquire(p), check);
+        assert.throws(() => acquireSync(p), check);
+        await assert.rejects(inspect(p), check);
+        await assert.rejects(held(p), check);
+        await assert.rejects(activePid(p), check);
+        assert.deepEqual(readdirSync(dir), []);
+      } finally {
+        process.chdir(cwd);
+        cleanup();
+      }
+    });
+  }
+
+  test("the runlock command refuses an empty path as an error (exit 2), as the API does", () => {
+    const [cmd, ...args] = cliCommand();
+    const result = spawnSync(cmd, [...args, "status", ""], {
+      encoding: "utf8",
+    });
+    assert.equal(result.status, 2, result.stderr);
+    assert.match(result.stderr, /'path' must be a non-empty string/);
+    assert.equal(result.stdout, "");
+  });
+
+  test("acquireSync's options have no signal (it could not honour one)", () => {
+    const { dir, cleanup } = tempDir();
+    try {
+      const lock = acquireSync(join(dir, "run.lock"), {
+        // @ts-expect-error: AcquireSyncOptions has no signal
+        signal: AbortSignal.abort(),
+      });
+      lock.releaseSync();
+    } finally {
+      cleanup();
+    }
+  });
+
   test("acquire() rejects a bad path or timeout with a message naming the value", async () => {
     await assert.rejects(acquire(""), /'path' must be a non-empty string/);
     await assert.rejects(acquire("a/"), /'path' must name a file/);

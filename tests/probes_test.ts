@@ -69,4 +69,63 @@ describe("probes", () => {
       cleanup();
     }
   });
+
+  test("a probe during a takeover (a dead pid under a held flock, for a moment) looks again instead of reporting the dead pid as the holder", async () => {
+    const { dir, cleanup } = tempDir();
+    try {
+      const path = join(dir, "run.lock");
+      const dead = deadPid();
+      writeFileSync(path, `${dead}\nrunlock 1\nhost=gone\n`);
+      // flock(1) stands for a taker: LOCK_EX on the crashed run's file for a
+      // moment, then the file is gone (a real taker unlinks it and links its
+      // own; here nobody follows, so the answer is "free").
+      const taker = new Child("", [], undefined, [
+        "flock",
+        "-x",
+        path,
+        "sh",
+        "-c",
+        `echo locked; sleep 0.03; rm -f '${path}'`,
+      ]);
+      assert.equal((await taker.next()).text, "locked");
+      const [info, isHeld, active] = await Promise.all([
+        inspect(path),
+        held(path),
+        activePid(path),
+      ]);
+      assert.equal(info.state, "free", JSON.stringify(info));
+      assert.equal(isHeld, false);
+      assert.deepEqual(active, { pid: 0, alive: false });
+      await taker.exited;
+    } finally {
+      cleanup();
+    }
+  });
+
+  test("a crashed run's file that flock(1) keeps locked is still reported held, after looking again", async () => {
+    const { dir, cleanup } = tempDir();
+    try {
+      const path = join(dir, "run.lock");
+      const dead = deadPid();
+      writeFileSync(path, `${dead}\nrunlock 1\n`);
+      const tool = spawn("flock", [
+        "-x",
+        path,
+        "sh",
+        "-c",
+        "echo locked; sleep 5",
+      ], {
+        stdio: ["ignore", "pipe", "ignore"],
+      });
+      await new Promise<void>((resolve) =>
+        tool.stdout!.once("data", () => resolve())
+      );
+      const info = await inspect(path);
+      assert.equal(info.state, "held");
+      assert.equal(info.pid, dead);
+      await tool.kill();
+    } finally {
+      cleanup();
+    }
+  });
 });

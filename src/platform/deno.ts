@@ -9,8 +9,10 @@
  * @module
  */
 
-import { basename } from "node:path";
+import { closeSync, constants as fsc, openSync } from "node:fs";
+import { basename, join } from "node:path";
 import {
+  type Dir,
   type FileInfo,
   type Handle,
   type Liveness,
@@ -57,14 +59,42 @@ function parent(path: string): string {
   return slash < 0 ? "." : slash === 0 ? "/" : path.slice(0, slash);
 }
 
-// Permission answers that were "granted", per "read:dir" / "write:dir".
-// Only grants are cached: a refusal is asked again, since a grant may follow.
+// Whether every permission is granted without scope (`--allow-all`, or all
+// the flags): Deno then lets us name a directory descriptor through
+// /proc/self/fd, which it refuses with anything less ("Requires all
+// access"), so that is the only case in which the lock's directory can be
+// pinned by descriptor. Asked once per process.
+let allAccess: boolean | undefined;
+const ALL = ["read", "write", "net", "env", "sys", "run", "ffi", "import"];
+
+function hasAllAccess(): boolean {
+  if (allAccess === undefined) {
+    allAccess = ALL.every((name) => {
+      try {
+        return Deno.permissions.querySync({ name } as Deno.PermissionDescriptor)
+          .state === "granted";
+      } catch {
+        return false;
+      }
+    });
+  }
+  return allAccess;
+}
+
+// Permission answers that were "granted", per "read:/abs/dir". Only grants
+// are cached, and only for absolute paths: a relative directory means
+// another one after a chdir, and asking Deno about a path we have no grant
+// for is what would prompt. A refusal is asked again, since a grant may
+// follow.
 const granted = new Set<string>();
 
 function need(name: "read" | "write", dir: string, syscall: string): void {
-  const key = `${name}:${dir}`;
+  if (hasAllAccess()) return;
+  // Deno.cwd() needs no permission and never prompts.
+  const abs = dir.startsWith("/") ? dir : join(Deno.cwd(), dir);
+  const key = `${name}:${abs}`;
   if (granted.has(key)) return;
-  const { state } = Deno.permissions.querySync({ name, path: dir });
+  const { state } = Deno.permissions.querySync({ name, path: abs });
   if (state !== "granted") {
     throw new SysError(
       "NOTCAPABLE",
@@ -80,6 +110,8 @@ function info(s: Deno.FileInfo): FileInfo {
     dev: s.dev,
     ino: s.ino ?? 0,
     size: s.size,
+    mode: (s.mode ?? 0) & 0o7777,
+    uid: s.uid ?? 0,
     kind: s.isFile
       ? "file"
       : s.isDirectory
@@ -91,6 +123,7 @@ function info(s: Deno.FileInfo): FileInfo {
 }
 
 const WINDOWS = Deno.build.os === "windows";
+const LINUX = Deno.build.os === "linux";
 
 class DenoHandle implements Handle {
   #file: Deno.FsFile;
@@ -158,6 +191,16 @@ class DenoHandle implements Handle {
       return info(this.#file.statSync());
     } catch (err) {
       throw sysError(err, "fstat", this.#path);
+    }
+  }
+
+  chmod(mode: number): void {
+    // Deno.FsFile has no fchmod. The path names our own fresh temp file in
+    // the pinned directory, created with O_EXCL and flocked by us.
+    try {
+      Deno.chmodSync(this.#path, mode);
+    } catch (err) {
+      throw sysError(err, "chmod", this.#path);
     }
   }
 
@@ -250,9 +293,42 @@ export const platform: Platform = {
     const after = handle.stat();
     if (after.dev !== before.dev || after.ino !== (before.ino ?? 0)) {
       handle.close();
-      throw new SysError("ENOENT", "open", `open '${path}': replaced`);
+      throw new SysError("ERACE", "open", `open '${path}': replaced`);
     }
     return handle;
+  },
+
+  openDir(path: string): Dir {
+    if (LINUX && hasAllAccess()) {
+      // node:fs gives a real descriptor under Deno; O_PATH reads nothing.
+      let fd: number;
+      try {
+        fd = openSync(path, 0o10000000 | fsc.O_DIRECTORY);
+      } catch (err) {
+        throw sysError(err, "open", path);
+      }
+      return {
+        prefix: `/proc/self/fd/${fd}`,
+        byDescriptor: true,
+        close: () => {
+          try {
+            closeSync(fd);
+          } catch {
+            // Gone either way.
+          }
+        },
+      };
+    }
+    // Scoped permissions: the canonical path, resolved once.
+    need("read", path, "realpath");
+    let real: string;
+    try {
+      real = Deno.realPathSync(path);
+    } catch (err) {
+      throw sysError(err, "realpath", path);
+    }
+    // A file there makes the first create fail with ENOTDIR.
+    return { prefix: real, byDescriptor: false, close() {} };
   },
 
   link(existing: string, created: string): void {

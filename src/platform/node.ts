@@ -17,6 +17,7 @@
 import {
   closeSync,
   constants as fsc,
+  fchmodSync,
   fstatSync,
   linkSync,
   lstatSync,
@@ -24,7 +25,9 @@ import {
   openSync,
   readdirSync,
   readSync,
+  realpathSync,
   type Stats,
+  statSync,
   unlinkSync,
   watch,
   writeSync,
@@ -125,10 +128,17 @@ function loadFlock(path: string): Flock {
       lastError = err;
     }
   }
+  // Not the file system's fault: the FFI module itself failed to load (a
+  // missing or broken koffi install, an unsupported CPU). Say so.
+  const what = isBun ? "bun:ffi" : "koffi";
+  const why = lastError instanceof Error
+    ? lastError.message
+    : String(lastError);
   throw new SysError(
-    "ENOSYS",
+    "ENOFFI",
     "flock",
-    `flock '${path}': cannot call flock in libc (${names.join(", ")})`,
+    `cannot load ${what}, which runlock uses to call flock(2) in libc ` +
+      `(${names.join(", ")}): ${why}`,
     { cause: lastError },
   );
 }
@@ -150,6 +160,8 @@ function info(s: Stats): FileInfo {
     dev: s.dev,
     ino: s.ino,
     size: s.size,
+    mode: s.mode & 0o7777,
+    uid: s.uid,
     kind: s.isFile()
       ? "file"
       : s.isDirectory()
@@ -225,6 +237,14 @@ class NodeHandle implements Handle {
     }
   }
 
+  chmod(mode: number): void {
+    try {
+      fchmodSync(this.#fd!, mode);
+    } catch (err) {
+      throw sysError(err, "fchmod", this.#path);
+    }
+  }
+
   close(): void {
     if (this.#fd === undefined) return;
     const fd = this.#fd;
@@ -242,7 +262,25 @@ class NodeHandle implements Handle {
 const CREATE = fsc.O_RDWR | fsc.O_CREAT | fsc.O_EXCL;
 // O_NONBLOCK: opening a FIFO must not hang. O_NOFOLLOW: ELOOP on a symlink.
 const OPEN_EXISTING = fsc.O_RDONLY | fsc.O_NOFOLLOW | fsc.O_NONBLOCK;
+// A directory to pin: O_PATH on Linux (needs only search permission, reads
+// nothing), else read-only.
+const O_PATH = process.platform === "linux" ? 0o10000000 : 0;
+const OPEN_DIR = (O_PATH || fsc.O_RDONLY) | fsc.O_DIRECTORY;
 let hostnameCache: string | undefined;
+// Whether /proc/self/fd/N names the open directory N (Linux with /proc
+// mounted). Asked once per process.
+let procFd: boolean | undefined;
+
+function procWorks(fd: number): boolean {
+  if (procFd === undefined) {
+    try {
+      procFd = statSync(`/proc/self/fd/${fd}`).ino === fstatSync(fd).ino;
+    } catch {
+      procFd = false;
+    }
+  }
+  return procFd;
+}
 
 /** The Node.js and Bun platform. */
 export const platform: Platform = {
@@ -267,6 +305,10 @@ export const platform: Platform = {
     try {
       fd = openSync(path, OPEN_EXISTING);
     } catch (err) {
+      // A UNIX socket cannot be opened: ENXIO. It is not a regular file.
+      if ((err as { code?: string }).code === "ENXIO") {
+        throw new SysError("EFTYPE", "open", `open '${path}': a socket`);
+      }
       throw sysError(err, "open", path);
     }
     const handle = new NodeHandle(fd, path);
@@ -280,6 +322,40 @@ export const platform: Platform = {
       );
     }
     return handle;
+  },
+
+  openDir(path: string) {
+    let fd: number;
+    try {
+      fd = openSync(path, OPEN_DIR);
+    } catch (err) {
+      throw sysError(err, "open", path);
+    }
+    if (procWorks(fd)) {
+      return {
+        prefix: `/proc/self/fd/${fd}`,
+        byDescriptor: true,
+        close: () => {
+          try {
+            closeSync(fd);
+          } catch {
+            // Gone either way.
+          }
+        },
+      };
+    }
+    // No /proc: the canonical path, resolved once.
+    try {
+      return {
+        prefix: realpathSync.native(path),
+        byDescriptor: false,
+        close() {},
+      };
+    } catch (err) {
+      throw sysError(err, "realpath", path);
+    } finally {
+      closeSync(fd);
+    }
   },
 
   link(existing: string, created: string): void {

@@ -20,6 +20,10 @@ export interface FileInfo {
   ino: number;
   /** Size in bytes. */
   size: number;
+  /** Permission bits (`st_mode & 0o7777`). */
+  mode: number;
+  /** Owner's user id. */
+  uid: number;
   /** What kind of file this is; `lstat` never follows a symlink. */
   kind: "file" | "directory" | "symlink" | "other";
 }
@@ -39,7 +43,27 @@ export interface Handle {
   readAll(max: number): Uint8Array;
   /** `fstat(fd)`. */
   stat(): FileInfo;
+  /** `fchmod(fd, mode)` (or the runtime's nearest equivalent). */
+  chmod(mode: number): void;
   /** `close(fd)`; drops the flock. Never throws. */
+  close(): void;
+}
+
+/**
+ * A directory resolved once and pinned: every later call names its entries
+ * as `${prefix}/${name}`, so re-pointed symlinks, `..` and `chdir` cannot
+ * make a later call land in another directory.
+ */
+export interface Dir {
+  /**
+   * The path that names the pinned directory: `/proc/self/fd/N` where the
+   * runtime can name an open directory descriptor (Linux), otherwise the
+   * directory's canonical path (symlinks and `..` resolved at pin time).
+   */
+  readonly prefix: string;
+  /** Whether `prefix` goes through an open descriptor (true pinning). */
+  readonly byDescriptor: boolean;
+  /** Closes the descriptor, if any. Never throws. */
   close(): void;
 }
 
@@ -62,10 +86,17 @@ export interface Platform {
   /**
    * Opens an existing regular file read-only, close-on-exec, without
    * following a symlink and without blocking on a FIFO.
-   * Throws `SysError` `ELOOP` for a symlink and `EFTYPE` for anything that is
-   * not a regular file.
+   * Throws `SysError` `ELOOP` for a symlink, `EFTYPE` for anything that is
+   * not a regular file (a socket, FIFO, device or directory), and `ERACE`
+   * when the path was replaced while it was being opened (look again).
    */
   openExisting(path: string): Handle;
+  /**
+   * Resolves the directory `path` once and pins it (see {@linkcode Dir}).
+   * Throws `SysError` `ENOENT` when it does not exist, `ENOTDIR` when it is
+   * not a directory.
+   */
+  openDir(path: string): Dir;
   /** `link(2)`. */
   link(existing: string, created: string): void;
   /** `unlink(2)`. */

@@ -1,0 +1,404 @@
+// The lock means the file it took: its directory is resolved once, at
+// acquire, and every later call goes through it, whatever happens to the
+// path (a symlinked parent re-pointed, `..`, a chdir after a relative path).
+import assert from "node:assert/strict";
+import { spawnSync } from "node:child_process";
+import {
+  existsSync,
+  mkdirSync,
+  readdirSync,
+  readFileSync,
+  renameSync,
+  rmSync,
+  symlinkSync,
+  writeFileSync,
+} from "node:fs";
+import { join } from "node:path";
+import process from "node:process";
+import { describe, test } from "node:test";
+import { acquire, acquireSync, held, HeldError, inspect } from "../mod.ts";
+import { Child, fixtureCommand, runtime, tempDir } from "./_helpers.ts";
+
+/** Points `link` at `to` atomically, as a deploy does. */
+function repoint(link: string, to: string): void {
+  symlinkSync(to, `${link}.next`);
+  renameSync(`${link}.next`, link);
+}
+
+/** The names in a directory, sorted. */
+function names(dir: string): string[] {
+  return readdirSync(dir).sort();
+}
+
+const seconds = Number(process.env.RUNLOCK_PIN_RACE_SECONDS ?? 3);
+
+/** Runs flip_worker fixtures and returns the lines they logged. */
+async function raceWorkers(
+  path: string,
+  dirs: string[],
+  log: string,
+  until: number,
+  count: number,
+): Promise<string[]> {
+  const workers = Array.from(
+    { length: count },
+    () =>
+      new Child("flip_worker.ts", [path, log, String(until), dirs.join(",")]),
+  );
+  for (const w of workers) {
+    const done = await w.expect("done");
+    assert.ok(Number(done.rounds) > 0, "every worker took the lock");
+  }
+  return existsSync(log)
+    ? readFileSync(log, "utf8").split("\n").filter(Boolean)
+    : [];
+}
+
+/** Overlaps per directory, from an append-only log of enter/exit lines. */
+function overlaps(lines: string[]): string[] {
+  const inside = new Map<string, string>();
+  const found: string[] = [];
+  for (const line of lines) {
+    const [event, dir, pid] = line.split(" ");
+    if (event === "enter") {
+      if (inside.has(dir)) {
+        found.push(`${pid} entered ${dir} while ${inside.get(dir)} was inside`);
+      }
+      inside.set(dir, pid);
+    } else if (event === "exit" && inside.get(dir) === pid) {
+      inside.delete(dir);
+    }
+  }
+  return found;
+}
+
+describe("a symlinked parent directory re-pointed while the lock is held", () => {
+  test("release() removes the file in the directory the lock was taken in, and leaves the other directory's live lock alone", async () => {
+    const { dir, cleanup } = tempDir();
+    const a = join(dir, "releases", "1");
+    const b = join(dir, "releases", "2");
+    mkdirSync(a, { recursive: true });
+    mkdirSync(b, { recursive: true });
+    const current = join(dir, "current");
+    symlinkSync(a, current);
+    const path = join(current, "run.lock");
+    const lock = await acquire(path);
+    assert.ok(existsSync(join(a, "run.lock")));
+    repoint(current, b);
+    // Another run takes the lock through the same path, now in releases/2.
+    const other = new Child("child.ts", ["hold", path]);
+    try {
+      await other.expect("acquired");
+      assert.equal(lock.isOwned(), true, "our file is still ours");
+      await lock.release(); // no LockLostError: nothing was lost
+      assert.deepEqual(names(a), [], "our file is gone, no litter");
+      assert.deepEqual(
+        names(b),
+        ["run.lock"],
+        "the other run's file is intact",
+      );
+      assert.equal(await held(path), true, "the other run still holds it");
+      const third = new Child("child.ts", ["try", path]);
+      const refused = await third.expect("held");
+      assert.equal(refused.holder, other.pid);
+    } finally {
+      await other.kill();
+      cleanup();
+    }
+  });
+
+  test("the same, synchronously", () => {
+    const { dir, cleanup } = tempDir();
+    try {
+      const a = join(dir, "a");
+      const b = join(dir, "b");
+      mkdirSync(a);
+      mkdirSync(b);
+      const current = join(dir, "current");
+      symlinkSync(a, current);
+      const lock = acquireSync(join(current, "run.lock"));
+      repoint(current, b);
+      writeFileSync(join(b, "run.lock"), "1\n"); // someone else's file
+      lock.releaseSync();
+      assert.deepEqual(names(a), []);
+      assert.deepEqual(names(b), ["run.lock"]);
+      assert.equal(readFileSync(join(b, "run.lock"), "utf8"), "1\n");
+    } finally {
+      cleanup();
+    }
+  });
+
+  test(`a symlink re-pointed thousands of times while workers take and release the lock through it never lets two runs into one directory (${seconds} s)`, async () => {
+    const { dir, cleanup } = tempDir();
+    const a = join(dir, "a");
+    const b = join(dir, "b");
+    mkdirSync(a);
+    mkdirSync(b);
+    const current = join(dir, "current");
+    symlinkSync(a, current);
+    const log = join(dir, "log");
+    const until = Date.now() + seconds * 1000;
+    const flipper = new Child("flipper.ts", [current, a, b, String(until)]);
+    try {
+      const lines = await raceWorkers(
+        join(current, "run.lock"),
+        [a, b],
+        log,
+        until,
+        4,
+      );
+      const flips = await flipper.expect("done");
+      const enters = lines.filter((l) => l.startsWith("enter")).length;
+      console.log(
+        `pinning race: ${enters} critical sections, ${flips.flips} flips`,
+      );
+      assert.ok(Number(flips.flips) > 1000, "the symlink really moved");
+      assert.deepEqual(overlaps(lines), [], "no two runs in one directory");
+      assert.deepEqual(
+        lines.filter((l) => !/^(enter|exit) /.test(l)),
+        [],
+        "no lost lock, no error",
+      );
+      assert.ok(
+        lines.every((l) => !l.includes(" ? ")),
+        "every record was found where it was taken",
+      );
+    } finally {
+      await flipper.kill();
+      cleanup();
+    }
+  });
+});
+
+describe("real directories exchanged under a held lock", () => {
+  // renameat2(RENAME_EXCHANGE) swaps two directories behind their names in
+  // one step. A lock pinned by a directory descriptor never notices; one
+  // that names its path again would unlink the other directory's live lock.
+  const python = spawnSync("python3", ["-c", "import ctypes"]).status === 0;
+  test(
+    `directories swapped thousands of times while workers take and release the lock never break exclusion (${seconds} s)`,
+    { skip: !python && "python3 is not installed" },
+    async () => {
+      const { dir, cleanup } = tempDir();
+      const x = join(dir, "x");
+      const y = join(dir, "y");
+      mkdirSync(x);
+      mkdirSync(y);
+      const log = join(dir, "log");
+      const until = Date.now() + seconds * 1000;
+      const script = `
+import ctypes, json, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+a, b, until = sys.argv[1].encode(), sys.argv[2].encode(), int(sys.argv[3])
+n = 0
+while time.time() * 1000 < until:
+    for _ in range(100):
+        if libc.renameat2(-100, a, -100, b, 2) != 0:
+            print(json.dumps({"event": "error", "errno": ctypes.get_errno()}), flush=True)
+            sys.exit(1)
+        n += 1
+print(json.dumps({"event": "done", "exchanges": n}), flush=True)
+`;
+      const exchanger = new Child("", [x, y, String(until)], undefined, [
+        "python3",
+        "-c",
+        script,
+      ]);
+      try {
+        const lines = await raceWorkers(
+          join(x, "run.lock"),
+          [x, y],
+          log,
+          until,
+          4,
+        );
+        const done = await exchanger.expect("done");
+        console.log(
+          `exchange race: ${
+            lines.filter((l) => l.startsWith("enter")).length
+          } critical sections, ${done.exchanges} exchanges`,
+        );
+        assert.ok(
+          Number(done.exchanges) > 1000,
+          "the directories really moved",
+        );
+        assert.deepEqual(
+          lines.filter((l) => !/^(enter|exit) /.test(l)),
+          [],
+          "no lost lock, no error",
+        );
+      } finally {
+        await exchanger.kill();
+        cleanup();
+      }
+    },
+  );
+});
+
+describe("paths with ..", () => {
+  test("a path through a symlinked directory and .. locks the file the kernel resolves, with its temp file beside it", async () => {
+    const { dir, cleanup } = tempDir();
+    try {
+      const real = join(dir, "real");
+      mkdirSync(join(real, "sub"), { recursive: true });
+      mkdirSync(join(dir, "here"));
+      symlinkSync(join(real, "sub"), join(dir, "here", "current"));
+      // The kernel resolves here/current/.. to real/, not to here/.
+      // (A string, not join(): join() would fold the .. away lexically.)
+      const path = `${dir}/here/current/../run.lock`;
+      const lock = await acquire(path);
+      assert.deepEqual(names(real), ["run.lock", "sub"]);
+      assert.deepEqual(names(join(dir, "here")), ["current"]);
+      assert.equal(
+        readFileSync(path, "utf8").split("\n")[0],
+        String(process.pid),
+        "cat sees our record through the same path",
+      );
+      assert.equal(await held(join(real, "run.lock")), true);
+      assert.equal((await inspect(path)).state, "held");
+      const other = new Child("child.ts", ["try", join(real, "run.lock")]);
+      assert.equal((await other.expect("held")).holder, process.pid);
+      await lock.release();
+      assert.deepEqual(names(real), ["sub"]);
+    } finally {
+      cleanup();
+    }
+  });
+
+  test("a path whose .. leads to another filesystem (tmpfs) locks there, not across filesystems", async (t) => {
+    const shm = "/dev/shm";
+    if (!existsSync(shm)) return t.skip("no /dev/shm");
+    const { dir, cleanup } = tempDir();
+    const target = join(shm, `runlock-test-${process.pid}-${Date.now()}`);
+    try {
+      mkdirSync(join(target, "sub"), { recursive: true });
+      symlinkSync(join(target, "sub"), join(dir, "current"));
+      const path = `${dir}/current/../run.lock`;
+      const lock = await acquire(path, { timeout: 2000 });
+      assert.deepEqual(names(target), ["run.lock", "sub"]);
+      assert.deepEqual(
+        names(dir),
+        ["current"],
+        "no temp file left on the other filesystem",
+      );
+      await lock.release();
+      assert.deepEqual(names(target), ["sub"]);
+    } finally {
+      rmSync(target, { recursive: true, force: true });
+      cleanup();
+    }
+  });
+
+  test("a plain state/../run.lock is the file next to state/", async () => {
+    const { dir, cleanup } = tempDir();
+    try {
+      mkdirSync(join(dir, "state"));
+      const lock = await acquire(`${dir}/state/../run.lock`);
+      assert.deepEqual(names(dir), ["run.lock", "state"]);
+      assert.deepEqual(names(join(dir, "state")), []);
+      await lock.release();
+      assert.deepEqual(names(dir), ["state"]);
+    } finally {
+      cleanup();
+    }
+  });
+});
+
+describe("a relative path and a later chdir", () => {
+  test("release() removes the file it took, in the first directory, without a false LockLostError", async () => {
+    const { dir, cleanup } = tempDir();
+    const cwd = process.cwd();
+    try {
+      const one = join(dir, "one");
+      const two = join(dir, "two");
+      mkdirSync(one);
+      mkdirSync(two);
+      process.chdir(one);
+      const lock = await acquire("run.lock");
+      process.chdir(two);
+      assert.equal(lock.isOwned(), true);
+      // A lock of the same relative name in the new directory is another lock.
+      const second = await acquire("run.lock");
+      assert.deepEqual(names(two), ["run.lock"]);
+      await lock.release();
+      assert.deepEqual(names(one), [], "the first file is gone");
+      assert.deepEqual(names(two), ["run.lock"], "the second is untouched");
+      second.releaseSync();
+      assert.deepEqual(names(two), []);
+    } finally {
+      process.chdir(cwd);
+      cleanup();
+    }
+  });
+
+  test(
+    "Deno with permissions scoped to the first directory: an acquire after chdir gets LockPermissionError, never a prompt",
+    {
+      skip: runtime !== "deno" && "Deno permissions only",
+    },
+    () => {
+      const { dir, cleanup } = tempDir();
+      try {
+        const one = join(dir, "one");
+        const two = join(dir, "two");
+        mkdirSync(one);
+        mkdirSync(two);
+        // Under a pseudo-terminal (script), Deno would prompt, and hang, if
+        // runlock ever called an op it has no grant for.
+        const [cmd, args] = fixtureCommand("chdir.ts", [one, two], [
+          `--allow-read=${one},${two}`,
+          `--allow-write=${one}`,
+        ]);
+        const line = [cmd, ...args].map((a) => `'${a}'`).join(" ");
+        const result = spawnSync("script", ["-qec", line, "/dev/null"], {
+          encoding: "utf8",
+          timeout: 20_000,
+          input: "",
+        });
+        assert.equal(
+          result.error,
+          undefined,
+          "the child did not hang on a prompt",
+        );
+        assert.doesNotMatch(result.stdout, /Deno requests/);
+        const events = result.stdout.trim().split(/\r?\n/).map((l) =>
+          JSON.parse(l)
+        );
+        assert.deepEqual(events.map((e) => e.event), [
+          "first",
+          "second",
+          "released",
+        ]);
+        assert.equal(
+          events[1].name,
+          "LockPermissionError",
+          JSON.stringify(events[1]),
+        );
+        assert.equal(events[2].ok, true, JSON.stringify(events[2]));
+        assert.deepEqual(names(one), []);
+        assert.deepEqual(names(two), []);
+      } finally {
+        cleanup();
+      }
+    },
+  );
+});
+
+describe("which directory is pinned", () => {
+  test("a lock taken through a symlink to a directory in tmpdir is in the real directory", async () => {
+    const { dir, cleanup } = tempDir();
+    try {
+      mkdirSync(join(dir, "real"));
+      symlinkSync(join(dir, "real"), join(dir, "link"));
+      await using lock = await acquire(join(dir, "link", "run.lock"));
+      assert.equal(lock.path, join(dir, "link", "run.lock"), "path as given");
+      assert.deepEqual(names(join(dir, "real")), ["run.lock"]);
+      await assert.rejects(
+        acquire(join(dir, "real", "run.lock")),
+        (err) => err instanceof HeldError && err.byThisProcess,
+      );
+    } finally {
+      cleanup();
+    }
+  });
+});
