@@ -1,0 +1,303 @@
+// One PostgreSQL session (one connection, one server backend), the unit a
+// lock lives in: the advisory lock belongs to the session and ends with it.
+// The only file that touches the client library (node-postgres).
+import { connect as netConnect } from "node:net";
+import {
+  clearInterval,
+  clearTimeout,
+  setInterval,
+  setTimeout,
+} from "node:timers";
+// Until deno.json maps "pg" to "npm:pg@8.23.1" (an integration request in
+// the PostgreSQL backend's hand-off notes); then this becomes `from "pg"`.
+// deno-lint-ignore no-import-prefix
+import pg from "npm:pg@8.23.1";
+
+/** The part of node-postgres's Client that runlock uses. */
+interface PgClient {
+  connect(): Promise<void>;
+  query(
+    config: { text: string; values?: unknown[]; name?: string },
+  ): Promise<{ rows: Record<string, unknown>[] }>;
+  on(event: "error", listener: (err: Error) => void): void;
+  on(event: "end", listener: () => void): void;
+  end(): Promise<void>;
+  ref(): void;
+  unref(): void;
+  readonly processID: number | null;
+  readonly secretKey: number | null;
+  readonly host: string;
+  readonly port: number;
+  readonly connection: { stream: { destroy(): void } };
+}
+
+const Client = (pg as unknown as {
+  Client: new (config: Record<string, unknown>) => PgClient;
+}).Client;
+
+/** How to open a session. */
+export interface SessionConfig {
+  /** The caller's URL (never printed: it may hold a password). */
+  url: string;
+  /** Server settings sent in the startup packet, as `-c name=value`. */
+  settings: Record<string, string>;
+  /** Milliseconds before a connection attempt is abandoned. */
+  connectTimeout: number;
+}
+
+/** A PostgreSQL error's SQLSTATE, or undefined for other errors. */
+export function sqlState(err: unknown): string | undefined {
+  const code = (err as { code?: unknown } | null)?.code;
+  return typeof code === "string" && /^[0-9A-Z]{5}$/.test(code)
+    ? code
+    : undefined;
+}
+
+/**
+ * Whether an error means the session itself is gone (as opposed to one
+ * statement failing): no SQLSTATE (socket errors, "Connection terminated"),
+ * a FATAL/PANIC report, class 08 (connection exception) or 57P0x (the
+ * server is shutting down or terminated us: admin_shutdown 57P01,
+ * crash_shutdown 57P02, cannot_connect_now 57P03).
+ */
+export function isSessionError(err: unknown): boolean {
+  const state = sqlState(err);
+  const severity = (err as { severity?: unknown } | null)?.severity;
+  return state === undefined || severity === "FATAL" ||
+    severity === "PANIC" || state.startsWith("08") || state.startsWith("57P");
+}
+
+/** A short description of why a session ended. */
+export function describe(err: unknown): string {
+  const e = err as { message?: unknown; code?: unknown } | null;
+  const message = typeof e?.message === "string" ? e.message : String(err);
+  return typeof e?.code === "string" && !message.includes(e.code)
+    ? `${message} (${e.code})`
+    : message;
+}
+
+/** One dedicated session. */
+export class Session {
+  readonly #client: PgClient;
+  /** The server process of this session (pg_backend_pid()). */
+  readonly backendPid: number;
+  /** Prepared statement names already parsed on this session. */
+  #lost: string | undefined;
+  #onLost: ((what: string) => void) | undefined;
+  #refs = 0;
+  #beat: ReturnType<typeof setInterval> | undefined;
+
+  private constructor(client: PgClient) {
+    this.#client = client;
+    this.backendPid = client.processID ?? 0;
+    // An idle session whose server goes away emits "error" (then "end");
+    // without a listener, Node would crash on the unhandled "error" event.
+    client.on("error", (err) => this.#lose(`ended: ${describe(err)}`));
+    client.on("end", () => this.#lose("was closed"));
+    client.unref();
+  }
+
+  /**
+   * Connects. The socket stays referenced only while a caller awaits
+   * something on it, so idle sessions and held locks never keep the
+   * process alive.
+   */
+  static async open(
+    config: SessionConfig,
+    signal?: AbortSignal,
+  ): Promise<Session> {
+    const options = Object.entries(config.settings)
+      .map(([name, value]) => `-c ${name}=${value}`).join(" ");
+    const client = new Client({
+      connectionString: config.url,
+      options,
+      fallback_application_name: "runlock",
+      connectionTimeoutMillis: config.connectTimeout,
+      keepAlive: true,
+      keepAliveInitialDelayMillis: 10_000,
+    });
+    let failed: Error | undefined;
+    client.on("error", (err) => failed ??= err);
+    const abort = () => {
+      try {
+        client.connection.stream.destroy();
+      } catch { /* not connected yet */ }
+    };
+    signal?.addEventListener("abort", abort, { once: true });
+    try {
+      await client.connect();
+    } catch (err) {
+      signal?.throwIfAborted();
+      throw failed ?? err;
+    } finally {
+      signal?.removeEventListener("abort", abort);
+    }
+    if (signal?.aborted) {
+      client.connection.stream.destroy();
+      signal.throwIfAborted();
+    }
+    return new Session(client);
+  }
+
+  /** Why the session ended, or undefined while it is alive. */
+  get lost(): string | undefined {
+    return this.#lost;
+  }
+
+  /** Called once, with the reason, when the session ends unexpectedly. */
+  set onLost(listener: ((what: string) => void) | undefined) {
+    this.#onLost = listener;
+  }
+
+  /**
+   * Runs one statement. `named` statements are prepared once per session
+   * (Parse once, then Bind/Execute). The socket is referenced while it
+   * runs, unless `background` (the heartbeat).
+   */
+  async query(
+    text: string,
+    values: unknown[] = [],
+    named?: string,
+    background = false,
+  ): Promise<Record<string, unknown>[]> {
+    if (this.#lost !== undefined) {
+      throw new Error(`the session ${this.#lost}`);
+    }
+    if (!background && this.#refs++ === 0) this.#client.ref();
+    try {
+      const result = await this.#client.query(
+        named ? { name: named, text, values } : { text, values },
+      );
+      return result.rows;
+    } catch (err) {
+      if (isSessionError(err)) this.#lose(`ended: ${describe(err)}`);
+      throw err;
+    } finally {
+      if (!background && --this.#refs === 0 && this.#lost === undefined) {
+        this.#client.unref();
+      }
+    }
+  }
+
+  /**
+   * Checks the session every `interval` ms with `statement`; if an answer
+   * takes longer than `timeout` ms the session counts as lost and is
+   * closed. The timers are unreferenced.
+   *
+   * A process that was stopped (SIGSTOP, a long GC pause, a blocked event
+   * loop) wakes with the deadline timer overdue while the answer may
+   * already sit in the socket's buffer: timers run before I/O is read. So
+   * the deadline gives the event loop one more short turn before it
+   * decides.
+   */
+  startHeartbeat(statement: string, interval: number, timeout: number): void {
+    let inFlight = false;
+    this.#beat = setInterval(() => {
+      if (inFlight || this.#lost !== undefined) return;
+      inFlight = true;
+      let grace: ReturnType<typeof setTimeout> | undefined;
+      const deadline = setTimeout(() => {
+        grace = setTimeout(() => {
+          if (inFlight) {
+            this.#lose(`did not answer a heartbeat within ${timeout} ms`);
+          }
+        }, 25);
+        grace.unref();
+      }, timeout);
+      deadline.unref();
+      this.query(statement, [], undefined, true).then(
+        () => {
+          inFlight = false;
+          clearTimeout(deadline);
+          if (grace) clearTimeout(grace);
+        },
+        (err) => {
+          clearTimeout(deadline);
+          if (grace) clearTimeout(grace);
+          this.#lose(`failed a heartbeat: ${describe(err)}`);
+        },
+      );
+    }, interval);
+    this.#beat.unref();
+  }
+
+  /** Stops the heartbeat (the lock was released). */
+  stopHeartbeat(): void {
+    if (this.#beat !== undefined) clearInterval(this.#beat);
+    this.#beat = undefined;
+  }
+
+  /**
+   * Asks the server to cancel the statement this session is running
+   * (CancelRequest on a new connection with the backend's pid and secret
+   * key; PostgreSQL manual §55.2.8 "Canceling Requests in Progress").
+   * Resolves when the server has closed that connection, i.e. after it
+   * has signalled the backend. A cancel that arrives after the statement
+   * finished is ignored by an idle backend; callers that cancel do not
+   * reuse the session anyway.
+   */
+  cancel(): Promise<void> {
+    const pid = this.#client.processID;
+    const secret = this.#client.secretKey;
+    if (pid === null || secret === null) return Promise.resolve();
+    const host = this.#client.host;
+    const port = this.#client.port;
+    return new Promise((resolve) => {
+      const socket = host.startsWith("/")
+        ? netConnect(`${host}/.s.PGSQL.${port}`)
+        : netConnect(port, host);
+      const message = new Uint8Array(16);
+      const view = new DataView(message.buffer);
+      view.setInt32(0, 16);
+      view.setInt32(4, 80877102); // the CancelRequest code
+      view.setInt32(8, pid);
+      view.setInt32(12, secret);
+      const done = () => {
+        clearTimeout(timer);
+        socket.destroy();
+        resolve();
+      };
+      const timer = setTimeout(done, 2_000);
+      socket.once("connect", () => socket.write(message));
+      socket.once("close", done);
+      socket.once("error", done);
+    });
+  }
+
+  /** Closes the connection politely (Terminate message). */
+  async close(): Promise<void> {
+    this.stopHeartbeat();
+    if (this.#lost === undefined) this.#lost = "was closed by runlock";
+    this.#onLost = undefined;
+    try {
+      // A caller awaits this: keep the process alive until it is done.
+      this.#client.ref();
+      await this.#client.end();
+    } catch { /* already gone */ }
+  }
+
+  /** Drops the connection at once (no round trip). */
+  destroy(reason = "was closed by runlock"): void {
+    this.stopHeartbeat();
+    if (this.#lost === undefined) this.#lost = reason;
+    this.#onLost = undefined;
+    try {
+      this.#client.connection.stream.destroy();
+    } catch { /* already gone */ }
+  }
+
+  #lose(what: string): void {
+    if (this.#lost !== undefined) return;
+    this.#lost = what;
+    this.stopHeartbeat();
+    // Make the loss real: if only our heartbeat noticed, the server may
+    // still think we hold the lock; closing the socket ends the backend
+    // (at once if the network works, by keepalive otherwise).
+    try {
+      this.#client.connection.stream.destroy();
+    } catch { /* already gone */ }
+    const listener = this.#onLost;
+    this.#onLost = undefined;
+    listener?.(what);
+  }
+}

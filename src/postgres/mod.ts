@@ -1,0 +1,37 @@
+/**
+ * runlock on PostgreSQL: the same run lock for runs on several hosts, on
+ * session-level advisory locks, with fencing tokens and loss detection.
+ *
+ * ```ts ignore
+ * import { pgLocks } from "@runlock/runlock/postgres";
+ *
+ * const locks = pgLocks("postgres://app@db-host/app"); // opens nothing yet
+ * await using lock = await locks.acquire("sync/main", { timeout: 30_000, meta: { cmd: "sync" } });
+ * lock.fence;  // bigint, strictly increasing per name: pass it with every write
+ * lock.signal; // aborted (reason: LockLostError) if the session is lost
+ * await locks.inspect("sync/main"); // "free" | "held" | "stale" | "invalid", pid, host, meta, fence
+ * ```
+ *
+ * A separate entry point, so that file-lock users never load a database
+ * client. The errors are runlock's own ({@linkcode HeldError},
+ * {@linkcode LockLostError}, {@linkcode RunlockError}), re-exported here,
+ * plus {@linkcode KeyCollisionError}.
+ *
+ * @module
+ */
+
+export {
+  type PgAcquireOptions,
+  type PgInspection,
+  type PgLock,
+  type PgLocks,
+  pgLocks,
+  type PgLocksOptions,
+} from "./pg_locks.ts";
+export { KeyCollisionError } from "./errors.ts";
+export {
+  ContendedError,
+  HeldError,
+  LockLostError,
+  RunlockError,
+} from "../errors.ts";

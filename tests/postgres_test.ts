@@ -1,0 +1,732 @@
+// The PostgreSQL backend (src/postgres/), against a real server started by
+// the test (tests/fixtures/pg_cluster.ts) or RUNLOCK_TEST_PG_URL, with real
+// processes and real signals. Without PostgreSQL binaries (and no URL) the
+// tests skip with a loud message, except under CI=true, where that fails.
+import assert from "node:assert/strict";
+import { readFileSync } from "node:fs";
+import { hostname } from "node:os";
+import { join } from "node:path";
+import process from "node:process";
+import { after, before, describe, test } from "node:test";
+import {
+  HeldError,
+  KeyCollisionError,
+  LockLostError,
+  pgLocks,
+  RunlockError,
+} from "../src/postgres/mod.ts";
+import { Child, delay, tempDir } from "./_helpers.ts";
+import {
+  type Cluster,
+  findPgBin,
+  freePort,
+  psql,
+  psqlPath,
+  psqlSession,
+  startCluster,
+} from "./fixtures/pg_cluster.ts";
+
+const hasServer = Boolean(process.env.RUNLOCK_TEST_PG_URL) ||
+  findPgBin() !== undefined;
+const canRestart = findPgBin() !== undefined;
+const SKIP_MESSAGE =
+  "no PostgreSQL binaries (initdb, pg_ctl) and no RUNLOCK_TEST_PG_URL: the PostgreSQL backend is NOT tested";
+
+if (!hasServer) {
+  if (process.env.CI === "true") {
+    test("PostgreSQL is available to the PostgreSQL tests under CI=true", () => {
+      assert.fail(SKIP_MESSAGE);
+    });
+  } else {
+    const bar = "!".repeat(SKIP_MESSAGE.length + 4);
+    console.error(`${bar}\n! ${SKIP_MESSAGE} !\n${bar}`);
+  }
+}
+
+let counter = 0;
+/** A lock name no other test (or earlier run) uses. */
+function unique(label: string): string {
+  return `test/${process.pid}-${Date.now().toString(36)}/${label}/${counter++}`;
+}
+
+/** The advisory key of a name, computed by the server from the documented formula. */
+function keyBySql(url: string, name: string): string {
+  return psql(
+    url,
+    `SELECT ('x' || left(encode(sha256('runlock'::bytea || '\\x00'::bytea || convert_to(:'name', 'UTF8')), 'hex'), 16))::bit(64)::bigint`,
+    { name },
+  );
+}
+
+/** Advisory locks granted on the key of `name`, as pg_locks lists them. */
+function advisoryHolders(url: string, name: string): string[] {
+  const key = keyBySql(url, name);
+  const out = psql(
+    url,
+    `SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 1
+       AND classid = ((:'key'::bigint >> 32) & 4294967295)::oid
+       AND objid = (:'key'::bigint & 4294967295)::oid`,
+    { key },
+  );
+  return out === "" ? [] : out.split("\n");
+}
+
+/** Waits until `n` sessions are blocked in pg_advisory_lock. */
+async function waitersBlocked(url: string, n: number): Promise<void> {
+  for (let i = 0; i < 1000; i++) {
+    const count = Number(psql(
+      url,
+      `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%pg_advisory_lock(%'`,
+    ));
+    if (count >= n) return;
+    await delay(10);
+  }
+  throw new Error(`${n} waiters never blocked`);
+}
+
+/**
+ * Replays a stress log (enter/leave/lost lines, tests/fixtures/
+ * pg_stress_worker.ts): nobody enters while another is inside, unless that
+ * one's lock was lost first (its "lost" line comes before the "enter");
+ * fences strictly increase.
+ */
+export function replay(text: string): { enters: number; lost: number } {
+  let inside: string | undefined;
+  let lastFence = -1n;
+  let enters = 0;
+  let lost = 0;
+  for (const line of text.trim().split("\n")) {
+    const [what, pid, fence] = line.split(" ");
+    if (what === "enter") {
+      assert.equal(
+        inside,
+        undefined,
+        `${pid} entered while ${inside} was inside`,
+      );
+      assert.ok(BigInt(fence) > lastFence, `fence ${fence} after ${lastFence}`);
+      lastFence = BigInt(fence);
+      inside = pid;
+      enters++;
+    } else if (what === "leave") {
+      assert.equal(pid, inside, `${pid} left while ${inside} was inside`);
+      inside = undefined;
+    } else if (what === "lost" && pid === inside) {
+      inside = undefined;
+      lost++;
+    }
+  }
+  return { enters, lost };
+}
+
+function child(mode: string, url: string, name: string, ...rest: string[]) {
+  return new Child("pg_child.ts", [mode, url, name, ...rest]);
+}
+
+describe("postgres backend", { skip: !hasServer }, () => {
+  let cluster: Cluster;
+  let url: string;
+  before(async () => {
+    cluster = await startCluster();
+    url = cluster.url;
+  });
+  after(() => cluster?.stop());
+
+  test("pgLocks() opens nothing; acquire() returns a lock with name, pid, acquiredAt, fence, meta and a live signal", async () => {
+    const locks = pgLocks(`postgres://nobody@127.0.0.1:${await freePort()}/x`);
+    await locks.end(); // nothing was opened, nothing to fail
+    await using real = pgLocks(url);
+    const name = unique("members");
+    const before = Date.now();
+    await using lock = await real.acquire(name, { meta: { cmd: "sync" } });
+    assert.equal(lock.path, name);
+    assert.equal(lock.pid, process.pid);
+    assert.ok(lock.acquiredAt.getTime() >= before - 1000);
+    assert.equal(typeof lock.fence, "bigint");
+    assert.ok(lock.fence >= 1n);
+    assert.deepEqual({ ...lock.meta }, { cmd: "sync" });
+    assert.ok(Object.isFrozen(lock.meta));
+    assert.equal(lock.signal.aborted, false);
+    assert.equal(lock.released, false);
+    assert.equal(await lock.isOwned(), true);
+    const info = await real.inspect(name);
+    assert.equal(info.state, "held");
+    assert.equal(info.pid, process.pid);
+    assert.equal(info.host, hostname());
+    assert.deepEqual(info.meta, { cmd: "sync" });
+    assert.equal(info.fence, lock.fence);
+    assert.ok(info.backendPid > 0);
+    await lock.release();
+    assert.equal(lock.released, true);
+    assert.equal(lock.signal.aborted, false);
+    assert.equal(await lock.isOwned(), false);
+    await lock.release(); // idempotent
+    const freed = await real.inspect(name);
+    assert.equal(freed.state, "free");
+    assert.equal(freed.fence, lock.fence);
+  });
+
+  test("another process is refused with HeldError carrying the holder's pid and host", async () => {
+    const name = unique("refused");
+    const holder = child("hold", url, name);
+    try {
+      await holder.expect("acquired");
+      const refused = await child("try", url, name).expect("held");
+      assert.equal(refused.holder, holder.pid);
+      assert.equal(refused.host, hostname());
+      assert.match(
+        String(refused.message),
+        new RegExp(`another run is active as pid ${holder.pid} on `),
+      );
+      await using locks = pgLocks(url);
+      const err = await locks.acquire(name).catch((e) => e);
+      assert.ok(err instanceof HeldError, String(err));
+      assert.equal(err.pid, holder.pid);
+      assert.equal(err.host, hostname());
+      assert.equal(err.path, name);
+    } finally {
+      await holder.kill();
+    }
+  });
+
+  test("probes never take the lock: inspect, held and activePid leave pg_locks alone, and never block an acquire", async () => {
+    const name = unique("probes");
+    await using locks = pgLocks(url);
+    assert.deepEqual(await locks.activePid(name), { pid: 0, alive: false });
+    assert.equal(await locks.held(name), false);
+    assert.equal((await locks.inspect(name)).state, "free");
+    assert.deepEqual(advisoryHolders(url, name), []);
+
+    const holder = child("hold", url, name);
+    try {
+      const got = await holder.expect("acquired");
+      const probing = Promise.all(
+        Array.from({ length: 20 }, () => locks.inspect(name)),
+      );
+      assert.deepEqual(advisoryHolders(url, name), [String(got.backendPid)]);
+      for (const info of await probing) {
+        assert.equal(info.state, "held");
+        assert.equal(info.pid, holder.pid);
+      }
+      assert.deepEqual(await locks.activePid(name), {
+        pid: holder.pid,
+        alive: true,
+      });
+      assert.equal(await locks.held(name), true);
+      const seen = await child("probe", url, name).expect("probe");
+      assert.equal(seen.state, "held");
+      assert.equal(seen.pid, holder.pid);
+      assert.deepEqual(advisoryHolders(url, name), [String(got.backendPid)]);
+      holder.send("release");
+      await holder.expect("released");
+      assert.deepEqual(advisoryHolders(url, name), []);
+      // Probes in flight do not stop the next run.
+      const more = locks.inspect(name);
+      const next = await child("try", url, name).expect("acquired");
+      assert.ok(BigInt(next.fence as string) > BigInt(got.fence as string));
+      await more;
+      assert.deepEqual(advisoryHolders(url, name), []);
+    } finally {
+      await holder.kill();
+    }
+  });
+
+  test("a waiter holds the lock within 100 ms of the holder's SIGKILL, with a higher fence", async () => {
+    const name = unique("sigkill");
+    const holder = child("hold", url, name);
+    await using locks = pgLocks(url);
+    try {
+      const got = await holder.expect("acquired");
+      const waiting = locks.acquire(name, { timeout: 20_000 });
+      await waitersBlocked(url, 1);
+      const t0 = performance.now();
+      holder.proc.kill("SIGKILL");
+      await using lock = await waiting;
+      const handOff = performance.now() - t0;
+      console.log(`hand-off after SIGKILL: ${handOff.toFixed(1)} ms`);
+      assert.ok(handOff < 100, `took ${handOff.toFixed(1)} ms`);
+      assert.ok(lock.fence > BigInt(got.fence as string));
+    } finally {
+      await holder.kill();
+    }
+  });
+
+  test("a SIGKILLed holder's record reads stale (its pid, not held), and the next acquire takes it over", async () => {
+    const name = unique("stale");
+    const holder = child("hold", url, name);
+    const got = await holder.expect("acquired");
+    await holder.kill("SIGKILL");
+    await using locks = pgLocks(url);
+    let info = await locks.inspect(name);
+    for (let i = 0; i < 200 && info.state === "held"; i++) {
+      await delay(5); // the server ends the backend once it reads EOF
+      info = await locks.inspect(name);
+    }
+    assert.equal(info.state, "stale");
+    assert.equal(info.pid, holder.pid);
+    assert.deepEqual(await locks.activePid(name), {
+      pid: holder.pid,
+      alive: false,
+    });
+    assert.equal(await locks.held(name), false);
+    await using lock = await locks.acquire(name);
+    assert.ok(lock.fence > BigInt(got.fence as string));
+  });
+
+  test("a SIGSTOPped holder keeps the lock past every server timeout; pg_terminate_backend evicts it, the waiter wins, and after SIGCONT its signal aborts with LockLostError", async () => {
+    const name = unique("sigstop");
+    // Short server timers, so that "past every timeout" takes seconds:
+    // a stopped process's kernel still answers keepalives.
+    const fast = JSON.stringify({
+      keepalivesIdle: 1,
+      keepalivesInterval: 1,
+      keepalivesCount: 2,
+      tcpUserTimeout: 2_000,
+      heartbeatInterval: 300,
+      heartbeatTimeout: 600,
+    });
+    const holder = child("hold", url, name, "0", fast);
+    await using locks = pgLocks(url);
+    try {
+      const got = await holder.expect("acquired");
+      // process.kill, not holder.proc.kill: Deno's ChildProcess.kill
+      // ("SIGSTOP") reports a bogus exit and drops the child's pipes.
+      process.kill(holder.pid, "SIGSTOP");
+      const waiting = locks.acquire(name, { timeout: 30_000 });
+      const waiterState = { done: false };
+      waiting.then(() => waiterState.done = true, () => {});
+      await delay(4_000); // > idle + interval * count, > tcp_user_timeout
+      assert.equal(waiterState.done, false);
+      const info = await locks.inspect(name);
+      assert.equal(info.state, "held");
+      assert.equal(info.pid, holder.pid);
+      // The documented recipe: terminate the backend that holds the name.
+      const terminated = psql(
+        url,
+        `SELECT pg_terminate_backend(l.pid)
+           FROM public.runlock_locks r
+           JOIN pg_locks l ON l.locktype = 'advisory' AND l.granted AND l.pid = r.backend_pid
+            AND l.objsubid = 1
+            AND l.classid = ((r.key >> 32) & 4294967295)::oid
+            AND l.objid = (r.key & 4294967295)::oid
+          WHERE r.name = :'name'`,
+        { name },
+      );
+      assert.equal(terminated, "t");
+      const lock = await waiting;
+      assert.ok(lock.fence > BigInt(got.fence as string));
+      process.kill(holder.pid, "SIGCONT");
+      const lost = await holder.expect("lost");
+      assert.equal(lost.name, "LockLostError");
+      assert.match(String(lost.message), /database session holding the lock/);
+      holder.send("owned");
+      assert.equal((await holder.expect("owned")).owned, false);
+      holder.send("release");
+      const released = await holder.expect("release-error");
+      assert.equal(released.name, "LockLostError");
+      assert.equal(await lock.isOwned(), true);
+      await lock.release();
+    } finally {
+      try {
+        process.kill(holder.pid, "SIGCONT");
+      } catch { /* gone */ }
+      await holder.kill();
+    }
+  });
+
+  test("pg_terminate_backend on a held lock's session aborts lock.signal with LockLostError at once, and release() throws it once", async () => {
+    const name = unique("terminated");
+    await using locks = pgLocks(url);
+    const lock = await locks.acquire(name);
+    const backend = (await locks.inspect(name)).backendPid;
+    const aborted = new Promise<number>((resolve) =>
+      lock.signal.addEventListener("abort", () => resolve(performance.now()))
+    );
+    const t0 = performance.now();
+    psql(url, `SELECT pg_terminate_backend(${backend})`);
+    // A held lock's socket does not keep the process alive (by design), so
+    // a test that only waits for the abort must keep itself alive.
+    const keepAlive = setInterval(() => {}, 1_000);
+    const at = await aborted.finally(() => clearInterval(keepAlive));
+    console.log(`signal aborted ${(at - t0).toFixed(1)} ms after psql began`);
+    assert.ok(lock.signal.reason instanceof LockLostError);
+    assert.equal(lock.signal.reason.path, name);
+    assert.match(lock.signal.reason.message, /terminat/);
+    assert.equal(await lock.isOwned(), false);
+    await assert.rejects(lock.release(), LockLostError);
+    await lock.release(); // once
+    assert.equal((await locks.inspect(name)).state, "stale");
+    await using next = await locks.acquire(name);
+    assert.ok(next.fence > lock.fence);
+  });
+
+  test("two names whose 64-bit keys collide are refused with KeyCollisionError, never share the lock, and a failed acquire leaves no advisory lock behind", async () => {
+    const victim = unique("victim");
+    const other = unique("other");
+    const key = keyBySql(url, victim);
+    await using locks = pgLocks(url);
+    // Create the table, then plant a stale row of `other` with victim's key.
+    await (await locks.acquire(unique("setup"))).release();
+    psql(
+      url,
+      `INSERT INTO public.runlock_locks (name, key, fence, pid, host, started, runtime, backend_pid)
+       VALUES (:'other', :'key', 7, 4242, 'elsewhere', now(), 'node', 999999)`,
+      { other, key },
+    );
+    const err = await locks.acquire(victim).catch((e) => e);
+    assert.ok(err instanceof KeyCollisionError, String(err));
+    assert.equal(err.path, victim);
+    assert.equal(err.other, other);
+    assert.equal(String(err.key), key);
+    // The INSERT that hit the collision had taken the advisory lock, and a
+    // rollback does not release a session-level lock: it must be gone.
+    assert.deepEqual(advisoryHolders(url, victim), []);
+    const info = await locks.inspect(victim);
+    assert.equal(info.state, "invalid");
+    assert.match(info.reason ?? "", /collides with/);
+    await assert.rejects(locks.held(victim), KeyCollisionError);
+
+    // The colliding name held live (by hand: a session holding the key).
+    const hand = psqlSession(url);
+    try {
+      hand.send(`SELECT pg_advisory_lock(${key});`);
+      hand.send(
+        `UPDATE public.runlock_locks SET backend_pid = pg_backend_pid() WHERE name = '${other}';`,
+      );
+      hand.send("SELECT 'ready';");
+      await hand.until(/ready/);
+      const live = await locks.acquire(victim).catch((e) => e);
+      assert.ok(live instanceof KeyCollisionError, String(live));
+      assert.equal(live.other, other);
+      assert.equal((await locks.inspect(victim)).state, "invalid");
+    } finally {
+      await hand.close();
+    }
+  });
+
+  test("a key held by a session that is not a runlock holder reads held and foreign, and acquire() refuses with HeldError naming that session", async () => {
+    const name = unique("foreign");
+    const key = keyBySql(url, name);
+    await using locks = pgLocks(url);
+    const hand = psqlSession(url);
+    try {
+      hand.send(`SELECT pg_advisory_lock(${key}), pg_backend_pid();`);
+      const backend = (await hand.until(/\|\d+/)).slice(1);
+      const err = await locks.acquire(name).catch((e) => e);
+      assert.ok(err instanceof HeldError, String(err));
+      assert.equal(err.pid, 0);
+      assert.match(err.message, new RegExp(`database session ${backend}`));
+      const info = await locks.inspect(name);
+      assert.equal(info.state, "held");
+      assert.equal(info.foreign, true);
+      assert.equal(info.backendPid, Number(backend));
+    } finally {
+      await hand.close();
+    }
+  });
+
+  test("a connection refused, a wrong password and a bad URL fail at once with a clear error that never shows the password", async () => {
+    const port = await freePort();
+    const t0 = performance.now();
+    const refused = await pgLocks(
+      `postgres://app:s3cret-pw@127.0.0.1:${port}/appdb`,
+    ).acquire("x").catch((e) => e);
+    assert.ok(performance.now() - t0 < 2_000);
+    assert.ok(refused instanceof RunlockError, String(refused));
+    assert.match(
+      refused.message,
+      new RegExp(
+        `cannot connect to PostgreSQL at 127\\.0\\.0\\.1:${port}, database "appdb", user "app": connection refused`,
+      ),
+    );
+    assert.doesNotMatch(refused.message, /s3cret-pw/);
+    const probe = await pgLocks(`postgres://app:s3cret-pw@127.0.0.1:${port}/db`)
+      .inspect("x").catch((e) => e);
+    assert.ok(probe instanceof RunlockError);
+
+    if (cluster.passwordRole) {
+      const { user } = cluster.passwordRole;
+      const wrong = await pgLocks(
+        `postgres://${user}:wrong-secret@127.0.0.1:${cluster.port}/postgres`,
+      ).acquire("x").catch((e) => e);
+      assert.ok(wrong instanceof RunlockError, String(wrong));
+      assert.match(wrong.message, /password authentication failed/);
+      assert.match(wrong.message, new RegExp(`user "${user}"`));
+      assert.doesNotMatch(wrong.message + String(wrong.stack), /wrong-secret/);
+      const right = pgLocks(
+        `postgres://${user}:${cluster.passwordRole.password}@127.0.0.1:${cluster.port}/postgres`,
+        { schema: `rl_pw_${process.pid}` },
+      );
+      // It connects; it may not create a schema (no CREATE on the database).
+      const denied = await right.acquire("x").catch((e) => e);
+      assert.ok(denied instanceof RunlockError);
+      assert.match(denied.message, /permission denied/);
+      await right.end();
+    }
+
+    const missingDb = await pgLocks(
+      `postgres://postgres@127.0.0.1:${cluster.port}/no_such_db`,
+    ).acquire("x").catch((e) => e);
+    assert.ok(missingDb instanceof RunlockError);
+    assert.match(missingDb.message, /database "no_such_db"/);
+
+    assert.throws(() => pgLocks("not a url"), TypeError);
+    assert.throws(
+      () => pgLocks("http://user:hunter22@db/app"),
+      (err: Error) =>
+        err instanceof TypeError && /postgres:\/\//.test(err.message) &&
+        !err.message.includes("hunter22"),
+    );
+    assert.throws(() => pgLocks(url, { heartbeatTimeout: 60_000 }), RangeError);
+    assert.throws(
+      // deno-lint-ignore no-explicit-any
+      () => pgLocks(url, { sheme: "x" } as any),
+      /unknown option 'sheme'/,
+    );
+  });
+
+  test("acquire() with a timeout rejects with HeldError after it, and an aborted wait rejects with the signal's reason and leaves no session waiting", async () => {
+    const name = unique("abort");
+    await using a = pgLocks(url);
+    await using b = pgLocks(url);
+    await using _lock = await a.acquire(name);
+    const t0 = performance.now();
+    const timedOut = await b.acquire(name, { timeout: 300 }).catch((e) => e);
+    const waited = performance.now() - t0;
+    assert.ok(timedOut instanceof HeldError, String(timedOut));
+    assert.equal(timedOut.pid, process.pid);
+    assert.ok(waited >= 290 && waited < 2_000, `${waited} ms`);
+
+    const controller = new AbortController();
+    const waiting = b.acquire(name, {
+      timeout: Infinity,
+      signal: controller.signal,
+    });
+    await waitersBlocked(url, 1);
+    const reason = new Error("shutting down");
+    controller.abort(reason);
+    await assert.rejects(waiting, (err) => err === reason);
+    // The server-side wait was canceled, not left queued for the lock.
+    for (let i = 0; i < 100; i++) {
+      const queued = psql(
+        url,
+        `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%pg_advisory_lock(%'`,
+      );
+      if (queued === "0") break;
+      await delay(10);
+    }
+    assert.equal(
+      psql(
+        url,
+        `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%pg_advisory_lock(%'`,
+      ),
+      "0",
+    );
+    await assert.rejects(
+      b.acquire(name, { signal: AbortSignal.abort(reason) }),
+      (err) => err === reason,
+    );
+    await assert.rejects(b.acquire(name, { timeout: -1 }), RangeError);
+    await assert.rejects(
+      b.acquire(name, { meta: { "Bad Key": "x" } }),
+      /meta key "Bad Key"/,
+    );
+    await assert.rejects(
+      b.acquire(name, { meta: { cmd: "two\nlines" } }),
+      /meta\.cmd must be one line/,
+    );
+    await assert.rejects(b.acquire(""), TypeError);
+  });
+
+  test("a process that holds a lock, or released it, exits on its own: sessions do not keep it alive", async () => {
+    for (const how of ["hold", "release"]) {
+      const name = unique(`finish-${how}`);
+      const proc = child(
+        "finish",
+        url,
+        name,
+        how === "release" ? "release" : "keep",
+      );
+      await proc.expect("acquired");
+      const t0 = performance.now();
+      const exit = await Promise.race([
+        proc.exited,
+        delay(5_000).then(() => "still running"),
+      ]);
+      assert.deepEqual(exit, { code: 0, signal: null }, `${how}: ${exit}`);
+      assert.ok(performance.now() - t0 < 5_000);
+      await using locks = pgLocks(url);
+      let state = (await locks.inspect(name)).state;
+      for (let i = 0; i < 100 && state === "held"; i++) {
+        await delay(5);
+        state = (await locks.inspect(name)).state;
+      }
+      assert.equal(state, how === "release" ? "free" : "stale");
+    }
+  });
+
+  test("a released session is reused by the next acquire, and end() closes the probe and idle sessions but not a held lock's", async () => {
+    const locks = pgLocks(url);
+    const name = unique("reuse");
+    const first = await locks.acquire(name);
+    const backend = (await locks.inspect(name)).backendPid;
+    await first.release();
+    const again = await locks.acquire(name);
+    assert.equal((await locks.inspect(name)).backendPid, backend);
+    assert.ok(again.fence > first.fence);
+    const second = await locks.acquire(unique("reuse2"));
+    await second.release();
+    const mine = () =>
+      Number(psql(
+        url,
+        `SELECT count(*) FROM pg_stat_activity WHERE application_name = 'runlock' AND client_port IS NOT NULL`,
+      ));
+    const before = mine();
+    await locks.end();
+    // The held lock survives end(); probe and idle sessions are gone.
+    assert.equal(await again.isOwned(), true);
+    let after = mine();
+    for (let i = 0; i < 100 && after > before - 2; i++) {
+      await delay(5);
+      after = mine();
+    }
+    assert.ok(after <= before - 2, `${before} -> ${after}`);
+    await again.release();
+    await assert.rejects(locks.acquire(name), /end\(\) was called/);
+  });
+
+  test("the table is created on first use in the chosen schema, by several first users at once", async () => {
+    const schema = `rl_fresh_${process.pid}_${Date.now().toString(36)}`;
+    const objects = Array.from({ length: 6 }, () => pgLocks(url, { schema }));
+    const locks = await Promise.all(
+      objects.map((o, i) => o.acquire(`n${i}`)),
+    );
+    assert.equal(
+      psql(
+        url,
+        `SELECT count(*) FROM ${schema}.runlock_locks WHERE backend_pid IS NOT NULL`,
+      ),
+      "6",
+    );
+    for (const lock of locks) await lock.release();
+    for (const o of objects) await o.end();
+  });
+});
+
+describe("postgres backend across server restarts", {
+  skip: !canRestart,
+}, () => {
+  let cluster: Cluster;
+  before(async () => {
+    // Its own cluster even when RUNLOCK_TEST_PG_URL is set: it restarts it.
+    const saved = process.env.RUNLOCK_TEST_PG_URL;
+    delete process.env.RUNLOCK_TEST_PG_URL;
+    try {
+      cluster = await startCluster();
+    } finally {
+      if (saved !== undefined) process.env.RUNLOCK_TEST_PG_URL = saved;
+    }
+  });
+  after(() => cluster?.stop());
+
+  test("a server restart aborts every holder's signal with LockLostError, and workers looping on one name never overlap", async () => {
+    const url = cluster.url;
+    const names = [unique("r1"), unique("r2"), unique("r3")];
+    const holders = names.map((n) => child("hold", url, n));
+    const { dir, cleanup } = tempDir();
+    const log = join(dir, "log");
+    const loop = unique("loop");
+    const until = Date.now() + 9_000;
+    const workers = Array.from(
+      { length: 3 },
+      () =>
+        new Child("pg_stress_worker.ts", [
+          url,
+          loop,
+          log,
+          join(dir, "owner"),
+          String(until),
+          "20", // ms inside: restarts likely catch someone there
+        ]),
+    );
+    try {
+      for (const h of holders) await h.expect("acquired");
+      for (const mode of ["fast", "immediate"] as const) {
+        await delay(1_500);
+        cluster.restart(mode);
+        for (const h of holders) {
+          const lost = await h.expect("lost");
+          assert.equal(lost.name, "LockLostError", JSON.stringify(lost));
+        }
+        for (const [i, h] of holders.entries()) {
+          h.send("release");
+          assert.equal((await h.expect("release-error")).name, "LockLostError");
+          h.send("exit");
+          await h.exited;
+          holders[i] = child("hold", url, names[i], "10000");
+          await holders[i].expect("acquired");
+        }
+      }
+      for (const w of workers) {
+        const done = await w.next();
+        assert.equal(
+          done.event,
+          "done",
+          JSON.stringify(done) + w.stderr.join(""),
+        );
+      }
+      const r = replay(readFileSync(log, "utf8"));
+      console.log(
+        `restarts: ${r.enters} critical sections, ${r.lost} lost to a restart, 0 overlaps`,
+      );
+      assert.ok(r.enters >= 20, `only ${r.enters} critical sections`);
+    } finally {
+      for (const h of holders) await h.kill();
+      for (const w of workers) await w.kill();
+      cleanup();
+    }
+  });
+
+  test("the fence of one name strictly increases across release, SIGKILL, pg_terminate_backend and server restarts", async () => {
+    const url = cluster.url;
+    const name = unique("fence");
+    const fences: bigint[] = [];
+    const take = async () => {
+      const h = child("hold", url, name, "20000");
+      const got = await h.expect("acquired");
+      fences.push(BigInt(got.fence as string));
+      return { h, got };
+    };
+    let { h, got } = await take();
+    h.send("release");
+    await h.expect("released");
+    await h.kill();
+    ({ h, got } = await take());
+    await h.kill("SIGKILL");
+    ({ h, got } = await take());
+    psql(url, `SELECT pg_terminate_backend(${got.backendPid})`);
+    await h.expect("lost");
+    await h.kill();
+    ({ h, got } = await take());
+    cluster.restart("immediate");
+    await h.expect("lost");
+    await h.kill();
+    ({ h } = await take());
+    cluster.restart("fast");
+    await h.expect("lost");
+    await h.kill();
+    ({ h } = await take());
+    await h.kill();
+    for (let i = 1; i < fences.length; i++) {
+      assert.ok(fences[i] > fences[i - 1], `fences ${fences.join(", ")}`);
+    }
+    assert.equal(fences.length, 6);
+  });
+});
+
+test(
+  "psql is available for the SQL-by-hand checks",
+  { skip: !hasServer },
+  () => {
+    assert.ok(psqlPath() !== undefined, "psql not found");
+  },
+);
