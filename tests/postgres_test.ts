@@ -25,6 +25,7 @@ import {
   psqlSession,
   startCluster,
 } from "./fixtures/pg_cluster.ts";
+import { replayLog } from "./fixtures/pg_stress.ts";
 
 const hasServer = Boolean(process.env.RUNLOCK_TEST_PG_URL) ||
   findPgBin() !== undefined;
@@ -82,40 +83,6 @@ async function waitersBlocked(url: string, n: number): Promise<void> {
     await delay(10);
   }
   throw new Error(`${n} waiters never blocked`);
-}
-
-/**
- * Replays a stress log (enter/leave/lost lines, tests/fixtures/
- * pg_stress_worker.ts): nobody enters while another is inside, unless that
- * one's lock was lost first (its "lost" line comes before the "enter");
- * fences strictly increase.
- */
-export function replay(text: string): { enters: number; lost: number } {
-  let inside: string | undefined;
-  let lastFence = -1n;
-  let enters = 0;
-  let lost = 0;
-  for (const line of text.trim().split("\n")) {
-    const [what, pid, fence] = line.split(" ");
-    if (what === "enter") {
-      assert.equal(
-        inside,
-        undefined,
-        `${pid} entered while ${inside} was inside`,
-      );
-      assert.ok(BigInt(fence) > lastFence, `fence ${fence} after ${lastFence}`);
-      lastFence = BigInt(fence);
-      inside = pid;
-      enters++;
-    } else if (what === "leave") {
-      assert.equal(pid, inside, `${pid} left while ${inside} was inside`);
-      inside = undefined;
-    } else if (what === "lost" && pid === inside) {
-      inside = undefined;
-      lost++;
-    }
-  }
-  return { enters, lost };
 }
 
 function child(mode: string, url: string, name: string, ...rest: string[]) {
@@ -618,13 +585,7 @@ describe("postgres backend across server restarts", {
   let cluster: Cluster;
   before(async () => {
     // Its own cluster even when RUNLOCK_TEST_PG_URL is set: it restarts it.
-    const saved = process.env.RUNLOCK_TEST_PG_URL;
-    delete process.env.RUNLOCK_TEST_PG_URL;
-    try {
-      cluster = await startCluster();
-    } finally {
-      if (saved !== undefined) process.env.RUNLOCK_TEST_PG_URL = saved;
-    }
+    cluster = await startCluster({ own: true });
   });
   after(() => cluster?.stop());
 
@@ -674,7 +635,7 @@ describe("postgres backend across server restarts", {
           JSON.stringify(done) + w.stderr.join(""),
         );
       }
-      const r = replay(readFileSync(log, "utf8"));
+      const r = replayLog(readFileSync(log, "utf8"));
       console.log(
         `restarts: ${r.enters} critical sections, ${r.lost} lost to a restart, 0 overlaps`,
       );

@@ -85,6 +85,8 @@ export class Session {
   #lost: string | undefined;
   #onLost: ((what: string) => void) | undefined;
   #refs = 0;
+  /** Statements run one at a time (node-postgres 9 will require it). */
+  #tail: Promise<unknown> = Promise.resolve();
   #beat: ReturnType<typeof setInterval> | undefined;
 
   private constructor(client: PgClient) {
@@ -165,10 +167,13 @@ export class Session {
     }
     if (!background && this.#refs++ === 0) this.#client.ref();
     try {
-      const result = await this.#client.query(
-        named ? { name: named, text, values } : { text, values },
+      const run = this.#tail.then(() =>
+        this.#client.query(
+          named ? { name: named, text, values } : { text, values },
+        )
       );
-      return result.rows;
+      this.#tail = run.catch(() => {});
+      return (await run).rows;
     } catch (err) {
       if (isSessionError(err)) this.#lose(`ended: ${describe(err)}`);
       throw err;
