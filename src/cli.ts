@@ -8,10 +8,11 @@
  * runlock wait --timeout=60 .state/run.lock # exit 0 once free, 1 on timeout
  * ```
  *
- * Built on the public API only. Deno: `deno run --allow-read --allow-write
- * --allow-run jsr:@runlock/runlock/cli ...` (`--allow-run` only for `run`);
- * compile with `deno compile --allow-read --allow-write --allow-run
- * src/cli.ts`. npm: the `runlock` bin.
+ * Built on the public API only. Deno, from a clone: `deno run
+ * --allow-read=.state --allow-write=.state --allow-sys=hostname src/cli.ts
+ * ...`, plus `--allow-run --allow-env` for `run` (it starts the command with
+ * runlock's environment); `status` and `wait` need only `--allow-read`.
+ * npm: the `runlock` bin, and `import { main } from "runlock/cli"`.
  *
  * @module
  */
@@ -32,9 +33,9 @@ const EX_USAGE = 2;
 const EX_TEMPFAIL = 75;
 
 const USAGE = `usage:
-  runlock status [--json] <path>
-  runlock run [--wait[=SECONDS]] [--conflict-exit-code=N] <path> -- <command> [args...]
-  runlock wait [--timeout=SECONDS] <path>
+  runlock status [--json] [--] <path>
+  runlock run [--wait[=SECONDS]] [--conflict-exit-code=N] [--] <path> -- <command> [args...]
+  runlock wait [--timeout=SECONDS] [--] <path>
   runlock --help | --version`;
 
 const HELP =
@@ -47,15 +48,19 @@ commands:
            "free", or "stale: last holder pid N is gone".
            Exit 0 when a live run holds it, 1 when free or stale, 2 when the
            file is invalid or on error. --json prints the inspect() result.
-  run      Take the lock, run the command with inherited stdio, forward
-           SIGINT, SIGTERM and SIGHUP to it, release the lock when it exits,
-           and exit with its exit code (128+N if it died of signal N).
+  run      Take the lock, run the command in a session of its own with
+           inherited stdio, forward every signal runlock gets to the
+           command's process group (so one Ctrl-C reaches it once), release
+           the lock when it exits, and exit with its exit code (128+N if it
+           died of signal N). Ctrl-Z stops the command, then runlock.
            If another run holds the lock: exit 75 (or --conflict-exit-code)
            at once, or after waiting with --wait (forever) or --wait=SECONDS.
+           A path that starts with "-" goes after "--": run -- -x.lock -- cmd.
            If runlock itself is SIGKILLed, the kernel drops the lock at once
            while the command goes on running unguarded; status then reports
            the lock stale with runlock's pid.
-  wait     Wait until no live run holds the lock. Exit 0 then, 1 on timeout.
+  wait     Wait until no live run holds the lock. Exit 0 then, 1 on timeout
+           (saying on stderr who still holds it).
 
 exit codes: 0 ok/held, 1 free/stale/timeout, 2 usage or error, 75 held by
 another run (run), 126/127 command not executable/not found.`;
@@ -108,7 +113,12 @@ function parse(
       throw new UsageError(`option '--${name}' takes no value`);
     }
     if (kind === "value" && value === undefined) {
-      throw new UsageError(`option '--${name}' needs a value: --${name}=...`);
+      const next = args[i + 1] ?? "";
+      throw new UsageError(
+        /^\d+(\.\d*)?$/.test(next)
+          ? `option '--${name}' takes its value after '=': write --${name}=${next}`
+          : `option '--${name}' needs a value: --${name}=...`,
+      );
     }
     options.set(name, value ?? true);
   }
@@ -129,8 +139,10 @@ function seconds(
   return n;
 }
 
-function onePath(rest: string[], command: string): string {
-  if (rest.length === 0 || rest[0] === "--") {
+function onePath(args: string[], command: string): string {
+  // A `--` before the path ends the options: the path may start with "-".
+  const rest = args[0] === "--" ? args.slice(1) : args;
+  if (rest.length === 0) {
     throw new UsageError(`${command}: missing <path>`);
   }
   if (rest.length > 1) {
@@ -196,6 +208,9 @@ async function status(args: string[], io: CliIo): Promise<number> {
     io.out(JSON.stringify({
       ...info,
       started: info.started?.toISOString() ?? null,
+      // The record's runtime= line ("deno", "node", "bun"); null until the
+      // probe reports it.
+      runtime: (info as { runtime?: string }).runtime ?? null,
       reason: info.reason ?? null,
     }));
   } else if (info.state === "invalid") {
@@ -206,7 +221,7 @@ async function status(args: string[], io: CliIo): Promise<number> {
   return info.state === "held" ? 0 : info.state === "invalid" ? 2 : 1;
 }
 
-async function wait(args: string[], _io: CliIo): Promise<number> {
+async function wait(args: string[], io: CliIo): Promise<number> {
   const { options, rest } = parse(args, { timeout: "value" });
   const timeout = seconds("timeout", options.get("timeout"));
   const path = onePath(rest, "wait");
@@ -220,24 +235,116 @@ async function wait(args: string[], _io: CliIo): Promise<number> {
     }
     if (info.state !== "held") return 0;
     const left = deadline - Date.now();
-    if (left <= 0) return 1;
+    if (left <= 0) {
+      io.err(
+        `runlock: timed out after ${timeout}s: ${path} is still ${
+          describeState(info)
+        }`,
+      );
+      return 1;
+    }
     await new Promise((resolve) =>
       setTimeout(resolve, Math.min(interval, left))
     );
   }
 }
 
-const FORWARDED = ["SIGINT", "SIGTERM", "SIGHUP"] as const;
+/**
+ * Signals `run` leaves alone, each on purpose (README, "Signals"):
+ *
+ * - SIGKILL and SIGSTOP cannot be caught.
+ * - SIGCHLD reports runlock's own child; it is not meant for the command.
+ * - SIGSEGV, SIGBUS, SIGFPE and SIGILL report a fault in runlock itself
+ *   (native code, the FFI): a process in that state must not go on holding
+ *   the lock, and Node's documentation warns that a listener for a real
+ *   fault can hang the process. Deno does not let a program catch three of
+ *   them at all.
+ * - SIGPIPE is ignored by every runtime (a write to a closed pipe fails with
+ *   EPIPE instead), and runlock keeps it ignored: listening would turn
+ *   runlock's own EPIPE into a signal for the command, and removing the
+ *   listener afterwards would leave SIGPIPE fatal.
+ */
+const NOT_HANDLED = new Set([
+  "SIGKILL",
+  "SIGSTOP",
+  "SIGCHLD",
+  "SIGSEGV",
+  "SIGBUS",
+  "SIGFPE",
+  "SIGILL",
+  "SIGPIPE",
+]);
+
+/**
+ * Job-control stops. The command runs in its own session (see `run`), where
+ * the kernel discards a stop signal whose action is the default one (its
+ * process group is orphaned), so runlock stops the command's group with
+ * SIGSTOP and then itself, and continues it on SIGCONT: what dumb-init does
+ * in its setsid mode.
+ */
+const STOPS = new Set(["SIGTSTP", "SIGTTIN", "SIGTTOU"]);
+
+/** Signals whose default action is to do nothing: they never end a wait. */
+const HARMLESS = new Set(["SIGCONT", "SIGURG", "SIGWINCH", "SIGINFO"]);
+
+/**
+ * Every signal `run` listens to: one name per signal number (SIGIOT is
+ * SIGABRT, SIGPOLL is SIGIO, SIGUNUSED is SIGSYS), so that no signal is
+ * forwarded twice. Bun's JavaScriptCore takes SIGPWR to suspend threads: a
+ * listener would never run, so runlock does not ask for one there.
+ */
+const HANDLED: NodeJS.Signals[] = (() => {
+  const seen = new Set<number>();
+  const names: NodeJS.Signals[] = [];
+  const bun = "Bun" in globalThis;
+  for (const [name, number] of Object.entries(constants.signals)) {
+    if (seen.has(number)) continue;
+    seen.add(number);
+    if (NOT_HANDLED.has(name) || (bun && name === "SIGPWR")) continue;
+    names.push(name as NodeJS.Signals);
+  }
+  return names;
+})();
+
+/** `kill(-pgid, signal)`; a group that is gone already is not an error. */
+function signalGroup(pgid: number, signal: NodeJS.Signals): void {
+  try {
+    process.kill(-pgid, signal);
+  } catch (err) {
+    if ((err as { code?: string }).code !== "ESRCH") throw err;
+  }
+}
 
 async function run(args: string[], io: CliIo): Promise<number> {
-  const { options, rest } = parse(args, {
+  const { options, rest: afterOptions } = parse(args, {
     wait: "optional",
     "conflict-exit-code": "value",
   });
-  const sep = rest.indexOf("--");
-  if (sep < 0) throw new UsageError("run: missing '--' before the command");
-  const path = onePath(rest.slice(0, sep), "run");
-  const command = rest.slice(sep + 1);
+  const waitFor = options.get("wait");
+  if (waitFor === true && /^\d+(\.\d*)?$/.test(afterOptions[0] ?? "")) {
+    const n = afterOptions[0];
+    throw new UsageError(
+      `run: '--wait ${n}' waits without a time limit for a lock file named '${n}': ` +
+        `write --wait=${n} for ${n} seconds (or ./${n} for a file named so)`,
+    );
+  }
+  // `run [options] [--] <path> -- <command>`: a first `--` ends the options,
+  // so that a path may start with "-".
+  const rest = afterOptions[0] === "--" ? afterOptions.slice(1) : afterOptions;
+  if (rest.length === 0 || rest[0] === "--") {
+    throw new UsageError("run: missing <path>");
+  }
+  const path = rest[0];
+  if (rest[1] !== "--") {
+    throw new UsageError(
+      rest.length === 1
+        ? "run: missing '--' before the command"
+        : `run: missing '--' between <path> and the command, before '${
+          rest[1]
+        }'`,
+    );
+  }
+  const command = rest.slice(2);
   if (command.length === 0) {
     throw new UsageError("run: missing <command> after '--'");
   }
@@ -251,30 +358,42 @@ async function run(args: string[], io: CliIo): Promise<number> {
       );
     }
   }
-  const waitFor = options.get("wait");
   const timeout = waitFor === undefined
     ? 0
     : waitFor === true
     ? Infinity
     : seconds("wait", waitFor)! * 1000;
 
-  // One handler for the whole run, so that no signal ever meets the default
-  // action (death without releasing): before the command starts, a signal
-  // stops the wait and runs nothing; after, it is forwarded to the command.
+  // One listener for every catchable signal, for the whole run, so that no
+  // signal meets its default action (death, and the kernel drops the lock
+  // while the command runs on unguarded). Before the command starts, a
+  // signal whose default is to terminate stops the wait and runs nothing;
+  // once it runs, every signal goes to the command's process group, and
+  // runlock lives until the command exits, whatever it does with them.
   const stop = new AbortController();
   let child: ChildProcess | undefined;
   let exited = false;
   const onSignal = (signal: NodeJS.Signals) => {
-    if (child === undefined) {
+    const running = child?.pid !== undefined && !exited;
+    if (STOPS.has(signal)) {
+      if (running) signalGroup(child!.pid!, "SIGSTOP");
+      process.kill(process.pid, "SIGSTOP");
+    } else if (running) {
+      signalGroup(child!.pid!, signal);
+    } else if (child === undefined && !HARMLESS.has(signal)) {
       if (!stop.signal.aborted) stop.abort(signal);
-    } else if (!exited && child.pid !== undefined) {
-      // process.kill, not child.kill: Deno's child_process reports a child
-      // that was sent a signal with child.kill as killed by it, even when
-      // the child trapped it and exited with its own code.
-      process.kill(child.pid, signal);
     }
   };
-  for (const s of FORWARDED) process.on(s, onSignal);
+  const listening: NodeJS.Signals[] = [];
+  for (const s of HANDLED) {
+    try {
+      process.on(s, onSignal);
+      listening.push(s);
+    } catch {
+      // A runtime that refuses a signal (none of Deno, Node and Bun does
+      // for this list on Linux) leaves it at its default action.
+    }
+  }
   try {
     let lock: Lock;
     try {
@@ -293,7 +412,18 @@ async function run(args: string[], io: CliIo): Promise<number> {
       if (stop.signal.aborted) {
         return 128 + signalNumber(String(stop.signal.reason));
       }
-      const started = spawn(command[0], command.slice(1), { stdio: "inherit" });
+      // detached: the command runs in a session and process group of its
+      // own (setsid), as under dumb-init. The terminal then signals only
+      // runlock, which forwards each signal once to the command's group:
+      // one Ctrl-C is one SIGINT (in runlock's group the command got the
+      // terminal's and runlock's), and a signal sent to runlock alone (cron,
+      // systemd, kill PID) reaches the command the same way. The price: the
+      // command has no controlling terminal (it still reads and writes the
+      // terminal through its stdio, but cannot open /dev/tty).
+      const started = spawn(command[0], command.slice(1), {
+        stdio: "inherit",
+        detached: true,
+      });
       child = started;
       return await new Promise<number>((resolve) => {
         started.on("error", (err: Error & { code?: string }) => {
@@ -310,7 +440,7 @@ async function run(args: string[], io: CliIo): Promise<number> {
       await lock.release();
     }
   } finally {
-    for (const s of FORWARDED) process.off(s, onSignal);
+    for (const s of listening) process.off(s, onSignal);
   }
 }
 
@@ -372,5 +502,9 @@ export async function main(args: string[], io: CliIo = stdio): Promise<number> {
 }
 
 if (import.meta.main) {
-  process.exitCode = await main(process.argv.slice(2));
+  // Not a top-level await: the npm package also ships this module as
+  // CommonJS (`require("runlock/cli")`), which has none.
+  main(process.argv.slice(2)).then((code) => {
+    process.exitCode = code;
+  });
 }

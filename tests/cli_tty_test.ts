@@ -1,0 +1,145 @@
+// `runlock run` at a terminal: a real pseudo-terminal (python3's pty
+// module, tests/fixtures/pty_run.py), real keypresses through the line
+// discipline, and a command (tests/fixtures/tty_child.py) that counts the
+// signals it receives. The terminal signals its whole foreground process
+// group; `run` must not add a second copy of a keypress's signal, while a
+// signal sent to `run` alone must still reach the command.
+import assert from "node:assert/strict";
+import { existsSync } from "node:fs";
+import { join } from "node:path";
+import process from "node:process";
+import { describe, test } from "node:test";
+import {
+  cli,
+  cliCommand,
+  fixture,
+  killQuietly,
+  processState,
+  Terminal,
+} from "./_cli.ts";
+import { delay, tempDir } from "./_helpers.ts";
+
+const runlock = cliCommand();
+const child = ["python3", fixture("tty_child.py")];
+
+/** How long to wait for a second copy of a signal that must not come. */
+const SETTLE = 500;
+
+/** Starts `runlock run <path> -- tty_child.py [mode]` as the terminal's job. */
+function runAtTerminal(path: string, mode: string[] = []): Terminal {
+  return new Terminal([...runlock, "run", path, "--", ...child, ...mode]);
+}
+
+async function commandPid(term: Terminal): Promise<number> {
+  return Number((await term.waitFor(/ready pid=(\d+)/))[1]);
+}
+
+describe("runlock run at a terminal", () => {
+  test("one Ctrl-C reaches the command once: a command that shuts down gracefully on SIGINT finishes its cleanup", async () => {
+    const { dir, cleanup } = tempDir();
+    const path = join(dir, "run.lock");
+    const term = runAtTerminal(path, ["graceful"]);
+    try {
+      await commandPid(term);
+      term.type("\x03");
+      assert.equal(await term.exit(), "exit 0", term.output);
+      assert.equal(term.count(/got SIGINT/g), 1, term.output);
+      assert.match(term.output, /clean exit/);
+      assert.doesNotMatch(term.output, /force quit/);
+      assert.equal(existsSync(path), false, "released");
+    } finally {
+      await term.close();
+      cleanup();
+    }
+  });
+
+  test("Ctrl-\\ reaches the command once and runlock keeps the lock; a SIGINT sent to runlock alone still reaches the command", async () => {
+    const { dir, cleanup } = tempDir();
+    const path = join(dir, "run.lock");
+    const term = runAtTerminal(path);
+    let pid = 0;
+    try {
+      pid = await commandPid(term);
+      term.type("\x1c");
+      await term.waitFor(/got SIGQUIT 1/);
+      await delay(SETTLE);
+      assert.equal(term.count(/got SIGQUIT/g), 1, term.output);
+      const status = cli("status", path);
+      assert.equal(status.code, 0, `still held: ${status.stdout}`);
+      const holder = Number(status.stdout.match(/^held by pid (\d+)/)![1]);
+      assert.notEqual(holder, pid, "held by runlock, not by the command");
+
+      process.kill(holder, "SIGINT");
+      await term.waitFor(/got SIGINT 1/);
+      await delay(SETTLE);
+      assert.equal(term.count(/got SIGINT/g), 1, term.output);
+
+      term.type("exit 4\r");
+      assert.equal(await term.exit(), "exit 4", term.output);
+      assert.equal(existsSync(path), false, "released");
+    } finally {
+      await term.close();
+      if (pid) killQuietly(pid);
+      cleanup();
+    }
+  });
+
+  test("a window resize reaches the command once, and it reads the new size from the terminal", async () => {
+    const { dir, cleanup } = tempDir();
+    const path = join(dir, "run.lock");
+    const term = runAtTerminal(path);
+    let pid = 0;
+    try {
+      pid = await commandPid(term);
+      term.resize(30, 100);
+      await term.waitFor(/got SIGWINCH 1/);
+      await delay(SETTLE);
+      term.type("report\r");
+      const report = await term.waitFor(/report (.*) size=(\S+)/);
+      assert.match(report[1], /\bWINCH=1\b/);
+      assert.equal(report[2], "30x100");
+      term.type("exit 0\r");
+      assert.equal(await term.exit(), "exit 0", term.output);
+    } finally {
+      await term.close();
+      if (pid) killQuietly(pid);
+      cleanup();
+    }
+  });
+
+  test("Ctrl-Z in a job-control shell stops the command and runlock, with the lock still held; fg continues both", async () => {
+    const { dir, cleanup } = tempDir();
+    const path = join(dir, "run.lock");
+    const quote = (s: string) => `'${s.replaceAll("'", `'\\''`)}'`;
+    const line = [...runlock, "run", path, "--", ...child].map(quote).join(" ");
+    // An interactive POSIX shell, as in a terminal window: it puts each job
+    // in a process group of its own and gives it the terminal.
+    const term = new Terminal(["sh", "-i"], { PS1: "$ ", ENV: "" });
+    let pid = 0;
+    try {
+      term.type(`${line}\r`);
+      pid = await commandPid(term);
+      term.type("\x1a");
+      await term.waitFor(/Stopped/);
+      assert.match(processState(pid), /^T/, "the command is stopped");
+      assert.equal(cli("status", path).code, 0, "the lock is still held");
+
+      term.type("fg\r");
+      await term.waitFor(/got SIGCONT 1/);
+      assert.doesNotMatch(processState(pid), /^T/, "the command runs again");
+      term.type("report\r");
+      await term.waitFor(/report CONT=1 size=24x80/);
+
+      term.type("exit 5\r");
+      term.type("echo status=$?\r");
+      await term.waitFor(/status=5/);
+      assert.equal(existsSync(path), false, "released");
+      term.type("exit\r");
+      await term.exit();
+    } finally {
+      await term.close();
+      if (pid) killQuietly(pid);
+      cleanup();
+    }
+  });
+});
