@@ -10,6 +10,18 @@ import { createHash } from "node:crypto";
  * UNIQUE key), never silently share a lock.
  */
 export function keyOf(name: string): bigint {
+  let key = cache.get(name);
+  if (key === undefined) {
+    key = hash(name);
+    if (cache.size >= 256) cache.clear(); // bounded; names repeat in practice
+    cache.set(name, key);
+  }
+  return key;
+}
+
+const cache = new Map<string, bigint>();
+
+function hash(name: string): bigint {
   const digest = createHash("sha256").update(`runlock\0${name}`).digest();
   return new DataView(digest.buffer, digest.byteOffset, 8).getBigInt64(0);
 }

@@ -76,6 +76,24 @@ export function describe(err: unknown): string {
     : message;
 }
 
+// What keeps the process alive while a caller awaits a statement. Sockets
+// stay unreferenced for their whole life (so idle sessions and held locks
+// never keep a process alive); while any caller awaits something, one
+// referenced timer does. A socket's ref()/unref() toggled per statement
+// was slower, and under Deno 2.9 a pending read re-referenced by ref()
+// was occasionally not counted, ending the program with "Top-level await
+// promise never resolved" in the middle of an acquire.
+let busy = 0;
+let keepAlive: ReturnType<typeof setInterval> | undefined;
+function hold(): void {
+  if (busy++ > 0) return;
+  if (keepAlive === undefined) keepAlive = setInterval(() => {}, 1 << 30);
+  else keepAlive.ref();
+}
+function letGo(): void {
+  if (--busy === 0) keepAlive?.unref();
+}
+
 /** One dedicated session. */
 export class Session {
   readonly #client: PgClient;
@@ -84,7 +102,6 @@ export class Session {
   /** Prepared statement names already parsed on this session. */
   #lost: string | undefined;
   #onLost: ((what: string) => void) | undefined;
-  #refs = 0;
   /** Statements run one at a time (node-postgres 9 will require it). */
   #tail: Promise<unknown> = Promise.resolve();
   #beat: ReturnType<typeof setInterval> | undefined;
@@ -165,7 +182,7 @@ export class Session {
     if (this.#lost !== undefined) {
       throw new Error(`the session ${this.#lost}`);
     }
-    if (!background && this.#refs++ === 0) this.#client.ref();
+    if (!background) hold();
     try {
       const run = this.#tail.then(() =>
         this.#client.query(
@@ -178,9 +195,7 @@ export class Session {
       if (isSessionError(err)) this.#lose(`ended: ${describe(err)}`);
       throw err;
     } finally {
-      if (!background && --this.#refs === 0 && this.#lost === undefined) {
-        this.#client.unref();
-      }
+      if (!background) letGo();
     }
   }
 
@@ -276,8 +291,8 @@ export class Session {
     this.#onLost = undefined;
     try {
       // A caller awaits this: keep the process alive until it is done.
-      this.#client.ref();
-      await this.#client.end();
+      hold();
+      await this.#client.end().finally(letGo);
     } catch { /* already gone */ }
   }
 

@@ -7,7 +7,7 @@
 
 import { hostname } from "node:os";
 import process from "node:process";
-import { clearTimeout, setTimeout } from "node:timers";
+import { clearInterval, setInterval, setTimeout } from "node:timers";
 import { ContendedError, HeldError, RunlockError } from "../errors.ts";
 import { keyOf, lockTagOf } from "./_key.ts";
 import { checkMeta } from "./_meta.ts";
@@ -528,9 +528,7 @@ class PgLockImpl implements PgLock {
         new SessionLostError(name, this.pid, what, this.fence),
       );
     session.onLost = lose;
-    // The session may have died between the statement and now.
-    if (session.lost !== undefined) lose(session.lost);
-    else owner.startHeartbeat(session);
+    owner.startHeartbeat(session);
   }
 
   get released(): boolean {
@@ -602,9 +600,11 @@ class PgLocksImpl implements PgLocks {
   readonly #options: typeof DEFAULTS;
   readonly #config: SessionConfig;
   readonly #target: Target;
-  readonly #idle: { session: Session; timer: ReturnType<typeof setTimeout> }[] =
-    [];
+  /** Released sessions, newest last, with when they were released. */
+  readonly #idle: { session: Session; since: number }[] = [];
+  #sweeper: ReturnType<typeof setInterval> | undefined;
   #table: Promise<void> | undefined;
+  #tableReady = false;
   #probe: Promise<Session> | undefined;
   #ended = false;
 
@@ -714,8 +714,7 @@ class PgLocksImpl implements PgLocks {
     signal?: AbortSignal,
   ): Promise<{ session: Session; reused: boolean }> {
     while (this.#idle.length > 0) {
-      const { session, timer } = this.#idle.pop()!;
-      clearTimeout(timer);
+      const { session } = this.#idle.pop()!;
       if (session.lost === undefined) return { session, reused: true };
     }
     return { session: await this.#connect(name, signal), reused: false };
@@ -730,20 +729,27 @@ class PgLocksImpl implements PgLocks {
       void session.close();
       return;
     }
-    const entry = {
-      session,
-      timer: setTimeout(() => {
-        const i = this.#idle.indexOf(entry);
-        if (i >= 0) this.#idle.splice(i, 1);
-        void session.close();
-      }, IDLE_MS),
-    };
-    entry.timer.unref();
-    this.#idle.push(entry);
+    this.#idle.push({ session, since: performance.now() });
+    // One unreferenced sweeper closes sessions unused for IDLE_MS (cheaper
+    // on the hot path than a timer per release).
+    this.#sweeper ??= setInterval(() => this.#sweep(), IDLE_MS / 2);
+    this.#sweeper.unref();
+  }
+
+  #sweep(): void {
+    const old = performance.now() - IDLE_MS;
+    while (this.#idle.length > 0 && this.#idle[0].since < old) {
+      void this.#idle.shift()!.session.close();
+    }
+    if (this.#idle.length === 0) {
+      clearInterval(this.#sweeper);
+      this.#sweeper = undefined;
+    }
   }
 
   /** Creates the schema and table once per object, if missing. */
-  #ensureTable(session: Session): Promise<void> {
+  #ensureTable(session: Session): Promise<void> | undefined {
+    if (this.#tableReady) return undefined;
     this.#table ??= (async () => {
       const rows = await session.query(
         `SELECT to_regnamespace($1) IS NOT NULL AS schema, to_regclass($2) IS NOT NULL AS table`,
@@ -762,7 +768,9 @@ class PgLocksImpl implements PgLocks {
         throw err;
       }
     })();
-    return this.#table.catch((err) => {
+    return this.#table.then(() => {
+      this.#tableReady = true;
+    }, (err) => {
       this.#table = undefined;
       throw err;
     });
@@ -824,7 +832,7 @@ class PgLocksImpl implements PgLocks {
     deadline: number,
     signal: AbortSignal | undefined,
   ): Promise<PgLock> {
-    await this.#ensureTable(session);
+    if (!this.#tableReady) await this.#ensureTable(session);
     for (let spins = 0;;) {
       signal?.throwIfAborted();
       const rows = await this.#attempt(
@@ -836,7 +844,7 @@ class PgLocksImpl implements PgLocks {
         "runlock_try",
       );
       if (rows.length > 0) {
-        return new PgLockImpl(this, session, name, rows[0], meta, tag);
+        return this.#lockOn(session, name, rows[0], meta, tag);
       }
       const found = await this.#find(session, name, key, tag);
       if (found.other !== undefined && found.info.state === "invalid") {
@@ -857,9 +865,30 @@ class PgLocksImpl implements PgLocks {
         signal,
       );
       if (waited !== undefined) {
-        return new PgLockImpl(this, session, name, waited, meta, tag);
+        return this.#lockOn(session, name, waited, meta, tag);
       }
     }
+  }
+
+  /**
+   * The lock for a successful acquire statement. If the session ended
+   * after the server answered and before we got here (a restart, a
+   * termination), the lock is already gone: say so instead of returning a
+   * lock whose signal is aborted before anyone could listen to it.
+   */
+  #lockOn(
+    session: Session,
+    name: string,
+    row: Record<string, unknown>,
+    meta: Record<string, string>,
+    tag: { classid: string; objid: string },
+  ): PgLock {
+    if (session.lost !== undefined) {
+      throw new Error(
+        `the session ${session.lost} right after taking the lock`,
+      );
+    }
+    return new PgLockImpl(this, session, name, row, meta, tag);
   }
 
   /**
@@ -1022,10 +1051,9 @@ class PgLocksImpl implements PgLocks {
 
   async end(): Promise<void> {
     this.#ended = true;
-    const closing = this.#idle.splice(0).map(({ session, timer }) => {
-      clearTimeout(timer);
-      return session.close();
-    });
+    clearInterval(this.#sweeper);
+    this.#sweeper = undefined;
+    const closing = this.#idle.splice(0).map(({ session }) => session.close());
     const probe = this.#probe;
     this.#probe = undefined;
     if (probe !== undefined) {
