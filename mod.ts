@@ -39,12 +39,15 @@ export {
   type Lock,
 } from "./src/lock.ts";
 export { activePid, held, inspect, type Inspection } from "./src/probes.ts";
+export { scan, type ScanOptions } from "./src/scan.ts";
+export type { Meta } from "./src/meta.ts";
 export {
   ContendedError,
   HeldError,
   type HeldErrorOptions,
   InvalidLockFileError,
   LockLostError,
+  type LockLostErrorOptions,
   LockPermissionError,
   RunlockError,
   UnsupportedFilesystemError,

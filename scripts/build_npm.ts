@@ -99,9 +99,10 @@ fail(
   ),
 );
 
-// Ship only the declarations that mod.d.ts reaches (not the internals').
+// Ship only the declarations that the entry points (mod.d.ts and, for
+// "runlock/cli", src/cli.d.ts) reach, not the internals'.
 const reached = new Set<string>();
-const queue = [join(tscOut, "mod.d.ts")];
+const queue = [join(tscOut, "mod.d.ts"), join(tscOut, "src", "cli.d.ts")];
 while (queue.length > 0) {
   const file = queue.pop()!;
   if (reached.has(file)) continue;
@@ -124,7 +125,8 @@ for (const file of walk(tscOut)) {
 for (const file of walk(tscOut).filter((f) => f.endsWith(".d.ts"))) {
   const rel = relative(tscOut, file);
   const text = readFileSync(file, "utf8")
-    .replaceAll('from "@runlock/runlock"', 'from "runlock"');
+    .replaceAll('from "@runlock/runlock"', 'from "runlock"')
+    .replaceAll('from "@runlock/runlock/cli"', 'from "runlock/cli"');
   const spec = /(from ["']\.{1,2}\/[^"']*)\.ts(["'])/g;
   write(join(pkgDir, "esm", rel), text.replace(spec, "$1.js$2"));
   write(
@@ -166,6 +168,32 @@ function bundle(
 bundle("esm", join(tscOut, "mod.js"), join(pkgDir, "esm", "mod.js"));
 bundle("cjs", join(tscOut, "mod.js"), join(pkgDir, "cjs", "mod.cjs"));
 
+// "runlock/cli": main() and CliIo, for programs that run the command line
+// in-process. It imports the library through the package's own name
+// (external), so that a program importing both "runlock" and "runlock/cli"
+// has one copy of the library and its per-process state.
+const cliSource = join(tscOut, "src", "cli.js");
+write(
+  join(tscOut, "src", "cli.lib.js"),
+  readFileSync(cliSource, "utf8").replace(
+    /from ["']\.\.\/mod\.js["']/,
+    'from "runlock"',
+  ),
+);
+for (const [format, file] of [["esm", "cli.js"], ["cjs", "cli.cjs"]] as const) {
+  bundle(
+    format,
+    join(tscOut, "src", "cli.lib.js"),
+    join(pkgDir, format, file),
+    [
+      "--external:runlock",
+      // cli.ts runs main itself when it is the entry module; a library never
+      // is.
+      "--define:import.meta.main=false",
+    ],
+  );
+}
+
 // The `runlock` bin: the CLI and the library in one ES module file.
 write(
   join(tscOut, "bin.js"),
@@ -181,7 +209,15 @@ bundle("esm", join(tscOut, "bin.js"), join(pkgDir, "bin", "runlock.js"), [
 ]);
 chmodSync(join(pkgDir, "bin", "runlock.js"), 0o755);
 
-for (const file of ["esm/mod.js", "cjs/mod.cjs", "bin/runlock.js"]) {
+for (
+  const file of [
+    "esm/mod.js",
+    "cjs/mod.cjs",
+    "esm/cli.js",
+    "cjs/cli.cjs",
+    "bin/runlock.js",
+  ]
+) {
   const code = readFileSync(join(pkgDir, file), "utf8")
     .replace(/\/\*[\s\S]*?\*\//g, "")
     .replace(/^\s*\/\/.*$/gm, "");
@@ -217,16 +253,42 @@ const pkg = {
       import: { types: "./esm/mod.d.ts", default: "./esm/mod.js" },
       require: { types: "./cjs/mod.d.cts", default: "./cjs/mod.cjs" },
     },
+    "./cli": {
+      import: { types: "./esm/src/cli.d.ts", default: "./esm/cli.js" },
+      require: { types: "./cjs/src/cli.d.cts", default: "./cjs/cli.cjs" },
+    },
     "./package.json": "./package.json",
   },
   bin: { runlock: "bin/runlock.js" },
-  files: ["esm/", "cjs/", "bin/", "README.md", "LICENSE", "PROTOCOL.md"],
+  files: [
+    "esm/",
+    "cjs/",
+    "cli/",
+    "bin/",
+    "README.md",
+    "LICENSE",
+    "PROTOCOL.md",
+  ],
   sideEffects: false,
   engines: { node: ">=20" },
   os: ["linux", "darwin", "freebsd", "openbsd", "netbsd"],
   dependencies: { koffi: koffiVersion },
 };
 write(join(pkgDir, "package.json"), JSON.stringify(pkg, null, 2) + "\n");
+// For resolvers that predate "exports" (TypeScript's moduleResolution
+// "node10", old bundlers): "runlock/cli" is then the directory cli/.
+write(
+  join(pkgDir, "cli", "package.json"),
+  JSON.stringify(
+    {
+      private: true,
+      main: "../cjs/cli.cjs",
+      types: "../cjs/src/cli.d.cts",
+    },
+    null,
+    2,
+  ) + "\n",
+);
 for (const file of ["README.md", "LICENSE", "PROTOCOL.md"]) {
   copyFileSync(join(root, file), join(pkgDir, file));
 }
@@ -234,14 +296,46 @@ for (const file of ["README.md", "LICENSE", "PROTOCOL.md"]) {
 // 4. The test suite, compiled for Node and Bun. Tests import the library
 // through ./_entry.js, which scripts/test_npm.ts points at the package's ESM
 // or CommonJS entry; everything else is the same file.
-const testFiles = walk(join(root, "tests")).filter((f) => f.endsWith(".ts"));
+const allTestFiles = walk(join(root, "tests")).filter((f) => f.endsWith(".ts"));
+// The PostgreSQL backend (src/postgres/) is not in the npm package yet: its
+// tests, and the files that import them, stay Deno-only until it is.
+const notShipped = /(["'])(?:\.\.\/)+src\/postgres\//;
+const denoOnly = new Set(
+  allTestFiles.filter((f) => notShipped.test(readFileSync(f, "utf8"))),
+);
+for (let grew = true; grew;) {
+  grew = false;
+  for (const file of allTestFiles) {
+    if (denoOnly.has(file)) continue;
+    const imports = [
+      ...readFileSync(file, "utf8").matchAll(/from ["'](\.{1,2}\/[^"']+)["']/g),
+    ].map(([, spec]) => join(dirname(file), spec));
+    if (imports.some((f) => denoOnly.has(f))) {
+      denoOnly.add(file);
+      grew = true;
+    }
+  }
+}
+if (denoOnly.size > 0) {
+  console.log(
+    `not compiled for npm (they import src/postgres/, not shipped on npm yet): ${
+      [...denoOnly].map((f) => relative(root, f)).join(", ")
+    }`,
+  );
+}
+const testFiles = allTestFiles.filter((f) => !denoOnly.has(f));
 for (const file of testFiles) {
   const rel = relative(join(root, "tests"), file);
+  const up = rel.includes("/") ? "../" : "./";
   const source = readFileSync(file, "utf8")
-    .replace(/(["'])(?:\.\.\/)+mod\.ts\1/g, (_m, q) => {
-      const up = rel.includes("/") ? "../" : "./";
-      return `${q}${up}_entry.js${q}`;
-    });
+    .replace(
+      /(["'])(?:\.\.\/)+mod\.ts\1/g,
+      (_m, q) => `${q}${up}_entry.js${q}`,
+    )
+    .replace(
+      /(["'])@runlock\/runlock\/cli\1/g,
+      (_m, q) => `${q}${up}_cli_entry.js${q}`,
+    );
   if (/(["'])(?:\.\.\/)+src\//.test(source)) {
     throw new Error(
       `${rel} imports src/ directly: tests must use the public API`,
@@ -271,7 +365,23 @@ write(
     `const runlock = createRequire(import.meta.url)("runlock");\n` +
     `export const { ${names.join(", ")} } = runlock;\n`,
 );
+write(
+  join(out, "tests", "_cli_entry.esm.js"),
+  `export * from "runlock/cli";\n`,
+);
+write(
+  join(out, "tests", "_cli_entry.cjs.js"),
+  `import { createRequire } from "node:module";\n` +
+    `export const { main } = createRequire(import.meta.url)("runlock/cli");\n`,
+);
 write(join(out, "tests", "package.json"), `{ "type": "module" }\n`);
+// Fixtures that are not TypeScript (the Python ones) go as they are.
+for (const file of walk(join(root, "tests", "fixtures"))) {
+  if (file.endsWith(".ts")) continue;
+  const to = join(out, "tests", relative(join(root, "tests"), file));
+  mkdirSync(dirname(to), { recursive: true });
+  copyFileSync(file, to);
+}
 
 console.log(
   `built ${pkg.name}@${pkg.version} in ${relative(root, pkgDir)}/ ` +

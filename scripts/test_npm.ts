@@ -90,13 +90,19 @@ step("install the tarball into a scratch project", () => {
     const dir = join(scratch, `tests-${entry}`);
     cpSync(join(npmDir, "tests"), dir, { recursive: true });
     cpSync(join(dir, `_entry.${entry}.js`), join(dir, "_entry.js"));
+    cpSync(join(dir, `_cli_entry.${entry}.js`), join(dir, "_cli_entry.js"));
   }
 });
 
+// The CLI tests run the package's bin, which is the same file whichever
+// library entry the tests import: they run once per runtime, with the ESM
+// set; the CommonJS set still runs cli_module_test (require("runlock/cli")).
+const BIN_TESTS = new Set(["cli_test.js", "cli_tty_test.js"]);
 const testFiles = (dir: string) =>
-  readdirSync(join(scratch, dir)).filter((f) => f.endsWith("_test.js")).map((
-    f,
-  ) => join(dir, f));
+  readdirSync(join(scratch, dir))
+    .filter((f) => f.endsWith("_test.js"))
+    .filter((f) => !(dir.endsWith("cjs") && BIN_TESTS.has(f)))
+    .map((f) => join(dir, f));
 
 const versions = (process.env.RUNLOCK_NODE_VERSIONS ?? "20,22,24").split(",");
 const systemMajor = spawnSync("node", [
@@ -163,6 +169,19 @@ if (!process.env.RUNLOCK_SKIP_BUN) {
       "--outfile",
       cliBinary,
     ], { cwd: scratch }));
+  step(
+    "CLI tests against the bun --compile binary of the CLI",
+    () =>
+      run(Deno.execPath(), [
+        "test",
+        "--allow-all",
+        join(root, "tests", "cli_test.ts"),
+        join(root, "tests", "cli_tty_test.ts"),
+      ], {
+        cwd: root,
+        env: { ...process.env, RUNLOCK_CLI: cliBinary },
+      }),
+  );
   step(
     "cross-runtime tests (deno, node, bun, compiled binaries)",
     () =>

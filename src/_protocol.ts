@@ -87,6 +87,15 @@ export interface Probe {
   started: Date | undefined;
   foreign: boolean;
   reason: string | undefined;
+  /** Whether the file holds a runlock record (the marker on line 2). */
+  marker: boolean;
+  /** The record's `runtime=`, or `""`. */
+  runtime: string;
+  /** The record's boot id and PID namespace, or `""`. */
+  boot: string;
+  pidns: string;
+  /** The record's user fields. */
+  meta: { [key: string]: string };
   /**
    * `held`, but by a PID that is provably dead: a peer in the microseconds
    * of a takeover (or a tool such as flock(1) on a crashed run's file).
@@ -325,10 +334,28 @@ export function tempStem(name: string): string {
   return name.slice(0, end);
 }
 
-// The record's first lines are the same for every lock of this process.
+// The record's first lines are the same for every lock of this process,
+// and so are the identity lines that follow runtime=.
 let head: string | undefined;
 function recordHeadHere(): string {
   return head ??= recordHead(p.pid, p.hostname());
+}
+let identityLines: string | undefined;
+/** `boot=` and `pidns=` lines for this process, where they can be read. */
+export function identityHere(): string {
+  if (identityLines === undefined) {
+    const { boot, pidns } = p.identity();
+    identityLines = (boot ? `boot=${boot}\n` : "") +
+      (pidns ? `pidns=${pidns}\n` : "");
+  }
+  return identityLines;
+}
+
+/** The size in bytes of the record this process would write with `extra`. */
+export function recordSize(extra: string): number {
+  return encoder.encode(
+    formatRecord(recordHeadHere(), new Date(0), p.runtime, extra),
+  ).length;
 }
 
 const TEMP = /^[0-9a-f]{16}$/;
@@ -676,6 +703,11 @@ export function probe(lp: LockPath, file: string = lp.path): Probe {
     started: undefined,
     foreign: false,
     reason: undefined,
+    marker: false,
+    runtime: "",
+    boot: "",
+    pidns: "",
+    meta: {},
     racing: false,
   };
   let handle: Handle;
@@ -707,6 +739,11 @@ export function probe(lp: LockPath, file: string = lp.path): Probe {
         result.pid = record.pid;
         result.host = record.host;
         result.started = record.started;
+        result.marker = true;
+        result.runtime = record.runtime;
+        result.boot = record.boot;
+        result.pidns = record.pidns;
+        result.meta = record.meta;
         result.state = locked ? "held" : "stale";
         // A dead holder under a held flock: a takeover in progress.
         result.racing = locked && liveness(record.pid) === "dead";

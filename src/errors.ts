@@ -274,10 +274,29 @@ export class ContendedError extends RunlockError {
 }
 
 /**
- * The lock file was deleted or replaced behind the holder's back (by `rm`,
- * a cleanup job, or another tool), so mutual exclusion was not guaranteed
- * for the whole run. Thrown once, by the release that finds it; the
- * successor's file, if any, was left alone.
+ * Options of {@linkcode LockLostError}, beyond `cause`.
+ *
+ * @example Naming who holds the lock now
+ * ```ts
+ * import { LockLostError, type LockLostErrorOptions } from "@runlock/runlock";
+ * import assert from "node:assert/strict";
+ *
+ * const options: LockLostErrorOptions = { holder: { pid: 77, host: "build-8" } };
+ * const err = new LockLostError("run.lock", 4242, "was replaced by another file", options);
+ * assert.match(err.message, /replaced by another file \(now held by pid 77 on build-8\)/);
+ * ```
+ */
+export interface LockLostErrorOptions extends ErrorOptions {
+  /** Who the file names now, when it was replaced by another run's lock. */
+  holder?: { pid: number; host: string };
+}
+
+/**
+ * The lock was lost while held: its file was deleted or replaced behind the
+ * holder's back (by `rm`, a cleanup job, or another tool), or, for a
+ * database lock, its session ended. Mutual exclusion was not guaranteed from
+ * then on. It is the reason of an aborted `lock.signal`, and `release()`
+ * throws it once; a successor's file is always left alone.
  *
  * @example What the message says
  * ```ts
@@ -291,23 +310,45 @@ export class ContendedError extends RunlockError {
 export class LockLostError extends RunlockError {
   /** The PID that held the lock (this process). */
   readonly pid: number;
+  /** What happened: `"was deleted"`, `"was replaced by another file"`, ... */
+  readonly what: string;
+  /** Who the file names now, when another run's lock replaced it. */
+  readonly holder: { pid: number; host: string } | undefined;
 
   /**
    * Creates the error.
    *
    * @param path The lock file.
    * @param pid The PID that held the lock.
-   * @param what `"was deleted"` or `"was replaced by another file"`.
-   * @param options `cause`, when there is one.
+   * @param what `"was deleted"`, `"was replaced by another file"`, or what
+   * else happened to the lock.
+   * @param options `holder` and `cause`.
    */
-  constructor(path: string, pid: number, what: string, options?: ErrorOptions) {
+  constructor(
+    path: string,
+    pid: number,
+    what: string,
+    options?: LockLostErrorOptions,
+  ) {
+    const holder = options?.holder;
+    const now = holder && holder.pid > 0
+      ? ` (now held by pid ${holder.pid}${
+        holder.host ? ` on ${holder.host}` : ""
+      })`
+      : "";
+    const file = what.startsWith("was ");
     super(
       path,
-      `${path}: the lock file ${what} while pid ${pid} held it; ` +
-        `another process may have run at the same time. Find what removes it`,
+      `${path}: the lock ${
+        file ? "file " : ""
+      }${what}${now} while pid ${pid} held it; ` +
+        `another process may have run at the same time` +
+        (file ? ". Find what removes it" : ""),
       options,
     );
     this.name = "LockLostError";
     this.pid = pid;
+    this.what = what;
+    this.holder = holder;
   }
 }

@@ -12,15 +12,19 @@ import {
   errnoOf,
   type HeldBy,
   heldHere,
+  identityHere,
   inodeKey,
   lockPath,
   mapError,
   pin,
   probe,
+  recordSize,
   runSync,
   type Target,
 } from "./_protocol.ts";
 import { ContendedError, HeldError, LockLostError } from "./errors.ts";
+import { checkMeta, type Meta } from "./meta.ts";
+import { MAX_RECORD_BYTES, metaLines } from "./record.ts";
 import { platform as p } from "./platform/current.ts";
 import type { FileInfo, Handle } from "./platform/types.ts";
 
@@ -51,6 +55,21 @@ export interface AcquireSyncOptions {
    * must be able to read it.
    */
   mode?: number;
+  /**
+   * User fields written into the record, where every prober can read them
+   * (`inspect(path).meta`, `runlock status`): what this run is. Keys match
+   * `[a-z0-9_.-]{1,64}`; values are one line of text; the whole record stays
+   * within 4 KiB. The file is world-readable by default: do not put secrets
+   * here.
+   */
+  meta?: Meta;
+  /**
+   * How often, in milliseconds, the held lock checks (one `lstat`) that its
+   * file is still its own, besides watching its directory where the
+   * runtime can without keeping the process alive (not under Deno). Default
+   * 1000; `0` turns the periodic check off. See {@linkcode Lock.signal}.
+   */
+  checkInterval?: number;
 }
 
 /**
@@ -101,6 +120,17 @@ export interface Lock extends Disposable, AsyncDisposable {
   readonly acquiredAt: Date;
   /** Whether {@linkcode Lock.release} has run. */
   readonly released: boolean;
+  /** The user fields written into the record (`{}` when none). */
+  readonly meta: Readonly<Meta>;
+  /**
+   * Aborted, with a {@linkcode LockLostError} as its reason, as soon as the
+   * lock is found lost while held: its file deleted or replaced (the reason
+   * says which, and who holds it now if the new file names a holder). Found
+   * by a watch on the lock's directory (Node, Bun) and by the periodic check
+   * (`checkInterval`). Never aborted by a clean release. Pass it to work
+   * that must stop when exclusion is gone.
+   */
+  readonly signal: AbortSignal;
   /**
    * Whether the file at {@linkcode Lock.path} is still the one this lock
    * created. `false` when someone deleted or replaced it behind our back
@@ -122,17 +152,83 @@ class RunLock implements Lock {
   readonly path: string;
   readonly pid: number = p.pid;
   readonly acquiredAt: Date;
+  readonly meta: Readonly<Meta>;
   #target: Target;
   #handle: Handle | undefined;
   #id: FileInfo;
+  #lost = new AbortController();
+  #stop: (() => void)[] = [];
 
-  constructor(target: Target, acquired: Acquired) {
+  constructor(
+    target: Target,
+    acquired: Acquired,
+    meta: Meta,
+    checkInterval: number,
+  ) {
     this.path = target.path;
     this.acquiredAt = acquired.started;
+    this.meta = Object.freeze(meta);
     this.#target = target;
     this.#handle = acquired.handle;
     this.#id = acquired.id;
     heldHere.set(inodeKey(acquired.id), acquired.started);
+    // Loss is an event: watch the directory where that keeps nothing alive,
+    // and check on an unref'd timer.
+    const check = () => this.#check();
+    const unwatch = p.watchDir(target.pinned.prefix, (name) => {
+      if (name === target.name) check();
+    }, false);
+    if (unwatch) this.#stop.push(unwatch);
+    if (checkInterval > 0) {
+      this.#stop.push(p.unrefInterval(check, checkInterval));
+    }
+  }
+
+  get signal(): AbortSignal {
+    return this.#lost.signal;
+  }
+
+  #stopWatching(): void {
+    for (const stop of this.#stop.splice(0)) stop();
+  }
+
+  /** What happened to our file, or undefined while it is ours. */
+  #loss(): LockLostError | undefined {
+    const now = p.lstat(this.#target.file);
+    if (now !== null && now.dev === this.#id.dev && now.ino === this.#id.ino) {
+      return undefined;
+    }
+    if (now === null) {
+      return new LockLostError(this.path, this.pid, "was deleted");
+    }
+    let holder: { pid: number; host: string } | undefined;
+    try {
+      const found = probe(this.#target, this.#target.file);
+      if (found.state === "held" && found.pid > 0) {
+        holder = { pid: found.pid, host: found.host };
+      }
+    } catch {
+      // Who holds it now is a courtesy; the loss is the news.
+    }
+    return new LockLostError(
+      this.path,
+      this.pid,
+      "was replaced by another file",
+      { holder },
+    );
+  }
+
+  #check(): void {
+    if (this.#handle === undefined || this.#lost.signal.aborted) return;
+    let loss: LockLostError | undefined;
+    try {
+      loss = this.#loss();
+    } catch {
+      return; // A failed lstat proves nothing; look again next time.
+    }
+    if (loss === undefined) return;
+    this.#stopWatching();
+    this.#lost.abort(loss);
   }
 
   get released(): boolean {
@@ -153,6 +249,7 @@ class RunLock implements Lock {
   releaseSync(): void {
     const handle = this.#handle;
     if (handle === undefined) return;
+    this.#stopWatching();
     this.#handle = undefined;
     heldHere.delete(inodeKey(this.#id));
     const target = this.#target;
@@ -181,7 +278,15 @@ class RunLock implements Lock {
     }
     handle.close();
     target.pinned.close();
-    if (lost !== undefined) throw new LockLostError(this.path, this.pid, lost);
+    if (lost !== undefined) {
+      // A loss that the watch had not reported yet happened while held:
+      // report it on the signal too.
+      const error = this.#lost.signal.reason instanceof LockLostError
+        ? this.#lost.signal.reason
+        : new LockLostError(this.path, this.pid, lost);
+      if (!this.#lost.signal.aborted) this.#lost.abort(error);
+      throw error;
+    }
   }
 
   release(): Promise<void> {
@@ -205,6 +310,9 @@ class RunLock implements Lock {
 interface Checked {
   timeout: number;
   mode: number;
+  meta: Meta;
+  extra: string;
+  checkInterval: number;
 }
 
 function checkOptions(
@@ -229,7 +337,29 @@ function checkOptions(
       }`,
     );
   }
-  return { timeout, mode };
+  const checkInterval = options?.checkInterval ?? 1000;
+  if (
+    typeof checkInterval !== "number" || !Number.isFinite(checkInterval) ||
+    checkInterval < 0 || checkInterval > 0x7fffffff
+  ) {
+    throw new RangeError(
+      `Cannot acquire the lock as 'checkInterval' must be a finite number of milliseconds from 0 (never): current value is ${
+        String(checkInterval)
+      }`,
+    );
+  }
+  const meta = checkMeta(options?.meta);
+  const extra = identityHere() + metaLines(meta);
+  const size = recordSize(extra);
+  if (size > MAX_RECORD_BYTES) {
+    const longest = Object.entries(meta).sort((a, b) =>
+      b[1].length - a[1].length
+    )[0]?.[0];
+    throw new RangeError(
+      `Cannot acquire the lock as the record would be ${size} bytes, over ${MAX_RECORD_BYTES}: shorten meta.${longest}`,
+    );
+  }
+  return { timeout, mode, meta, extra, checkInterval };
 }
 
 const MAX_POLL_MS = 10;
@@ -242,7 +372,7 @@ const MAX_POLL_MS = 10;
  */
 function* acquireSteps(
   target: Target,
-  { timeout, mode }: Checked,
+  { timeout, mode, extra }: Checked,
   onWait: () => void,
 ): Generator<number, Acquired, void> {
   let done = false;
@@ -252,7 +382,7 @@ function* acquireSteps(
     for (let waited = false;; waited = true) {
       let held: HeldBy | ContendedError;
       try {
-        const outcome = yield* attemptLoop(target, mode, "");
+        const outcome = yield* attemptLoop(target, mode, extra);
         if ("handle" in outcome) {
           done = true;
           return outcome;
@@ -367,7 +497,7 @@ export async function acquire(
       });
       step = steps.next();
     }
-    return new RunLock(target, step.value);
+    return new RunLock(target, step.value, checked.meta, checked.checkInterval);
   } finally {
     steps.return(undefined as never); // discards a temp file on abort
     unwatch?.();
@@ -410,5 +540,10 @@ export function acquireSync(path: string, options?: AcquireSyncOptions): Lock {
   const lp = lockPath(path, "acquire the lock");
   const checked = checkOptions(options);
   const target = pin(lp);
-  return new RunLock(target, runSync(acquireSteps(target, checked, () => {})));
+  return new RunLock(
+    target,
+    runSync(acquireSteps(target, checked, () => {})),
+    checked.meta,
+    checked.checkInterval,
+  );
 }

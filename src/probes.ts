@@ -11,6 +11,7 @@
 
 import { lockPath, type Probe, probeSteps } from "./_protocol.ts";
 import { InvalidLockFileError } from "./errors.ts";
+import { platform as p } from "./platform/current.ts";
 
 /**
  * What {@linkcode inspect} found at a lock path.
@@ -51,6 +52,76 @@ export interface Inspection {
   foreign: boolean;
   /** For `invalid`: what is wrong with the file. */
   reason: string | undefined;
+  /** The holder's runtime (`deno`, `node`, `bun`), or `""` when unknown. */
+  runtime: string;
+  /**
+   * The record's user fields (the `meta` option of acquire, `runlock run`'s
+   * command line); `{}` when none, and for foreign or older records.
+   */
+  meta: Record<string, string>;
+  /** The holder's Linux boot id, or `""` when the record has none. */
+  bootId: string;
+  /** The inode of the holder's PID namespace, or `""` when the record has none. */
+  pidNamespace: string;
+  /**
+   * Whether the recorded PID names the same process from where you ask:
+   * `true` on the same host, boot and PID namespace; `false` when any of
+   * them differs (see `pidElsewhere`): `kill(pid)` here would hit another
+   * process, or none; `undefined` when it cannot be told (a record or a
+   * runtime that does not say). Liveness stays the flock's: this is about
+   * what an operator may safely do with the number.
+   */
+  pidValidHere: boolean | undefined;
+  /**
+   * Why `pidValidHere` is `false`: the holder is on another `"host"`, ran in
+   * an earlier `"boot"` of this machine, or in another PID `"namespace"` (a
+   * container). `undefined` otherwise.
+   */
+  pidElsewhere: "host" | "boot" | "namespace" | undefined;
+}
+
+/**
+ * Whether the PID a record names means the same process here: compares the
+ * record's host, boot id and PID namespace with this process's own.
+ */
+export function pidView(
+  found: Pick<Probe, "pid" | "host" | "boot" | "pidns" | "marker">,
+): Pick<Inspection, "pidValidHere" | "pidElsewhere"> {
+  const unknown = { pidValidHere: undefined, pidElsewhere: undefined };
+  if (found.pid === 0 || !found.marker) return unknown;
+  const host = p.hostname();
+  const { boot, pidns } = p.identity();
+  if (found.host && host && found.host !== host) {
+    return { pidValidHere: false, pidElsewhere: "host" };
+  }
+  if (found.boot && boot && found.boot !== boot) {
+    return { pidValidHere: false, pidElsewhere: "boot" };
+  }
+  if (found.pidns && pidns && found.pidns !== pidns) {
+    return { pidValidHere: false, pidElsewhere: "namespace" };
+  }
+  if (found.host && host && found.boot && boot && found.pidns && pidns) {
+    return { pidValidHere: true, pidElsewhere: undefined };
+  }
+  return unknown;
+}
+
+/** The public form of a probe's answer. */
+export function toInspection(path: string, found: Probe): Inspection {
+  return {
+    path,
+    state: found.state,
+    pid: found.pid,
+    host: found.host,
+    started: found.started,
+    foreign: found.foreign,
+    reason: found.reason,
+    runtime: found.runtime,
+    meta: { ...found.meta },
+    bootId: found.boot,
+    pidNamespace: found.pidns,
+    ...pidView(found),
+  };
 }
 
 /**
@@ -89,16 +160,7 @@ export async function inspect(path: string): Promise<Inspection> {
     await new Promise((resolve) => setTimeout(resolve, ms));
     step = steps.next();
   }
-  const found: Probe = step.value;
-  return {
-    path,
-    state: found.state,
-    pid: found.pid,
-    host: found.host,
-    started: found.started,
-    foreign: found.foreign,
-    reason: found.reason,
-  };
+  return toInspection(path, step.value);
 }
 
 /**

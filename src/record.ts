@@ -32,6 +32,14 @@ export type Record =
     pid: number;
     host: string;
     started: Date | undefined;
+    /** `runtime=`: `deno`, `node`, `bun`, ... or `""`. */
+    runtime: string;
+    /** `boot=`: the holder's Linux boot id, or `""`. */
+    boot: string;
+    /** `pidns=`: the inode of the holder's PID namespace, or `""`. */
+    pidns: string;
+    /** `meta.<key>=<value>` lines: the user fields. */
+    meta: { [key: string]: string };
   }
   | { kind: "foreign"; pid: number }
   | { kind: "garbage"; reason: string };
@@ -70,6 +78,24 @@ export function formatRecord(
 
 const decoder = new TextDecoder("utf-8", { fatal: true });
 
+// User fields are written as `meta.<key>=<value>`: readers that do not know
+// them (other tools, older runlock versions) ignore keys they do not know,
+// and the prefix keeps them apart from runlock's own keys.
+const META_PREFIX = "meta.";
+const META_KEY = /^[a-z0-9_.-]{1,64}$/;
+
+/**
+ * The `key=value` lines of the user fields, in the order given; `meta` was
+ * checked by `checkMeta`.
+ */
+export function metaLines(meta: { [key: string]: string }): string {
+  let out = "";
+  for (const [key, value] of Object.entries(meta)) {
+    out += `${META_PREFIX}${key}=${value}\n`;
+  }
+  return out;
+}
+
 /** Parses a lock file's bytes. Never throws. */
 export function parseRecord(bytes: Uint8Array): Record {
   if (bytes.length === 0) return { kind: "empty" };
@@ -102,16 +128,39 @@ export function parseRecord(bytes: Uint8Array): Record {
   }
   let host = "";
   let started: Date | undefined;
-  for (const line of lines.slice(2)) {
+  let runtime = "";
+  let boot = "";
+  let pidns = "";
+  const meta: { [key: string]: string } = {};
+  for (let i = 2; i < lines.length; i++) {
+    const line = lines[i];
     const eq = line.indexOf("=");
     if (eq < 0) continue;
     const key = line.slice(0, eq);
     const value = line.slice(eq + 1).replace(/\r$/, "");
-    if (key === "host") host = value;
-    if (key === "started") {
-      const date = new Date(value);
-      if (!Number.isNaN(date.getTime())) started = date;
+    switch (key) {
+      case "host":
+        host = value;
+        break;
+      case "started": {
+        const date = new Date(value);
+        if (!Number.isNaN(date.getTime())) started = date;
+        break;
+      }
+      case "runtime":
+        runtime = value;
+        break;
+      case "boot":
+        boot = value;
+        break;
+      case "pidns":
+        pidns = value;
+        break;
+      default:
+        if (key.startsWith(META_PREFIX) && META_KEY.test(key.slice(5))) {
+          meta[key.slice(5)] = value;
+        }
     }
   }
-  return { kind: "runlock", pid, host, started };
+  return { kind: "runlock", pid, host, started, runtime, boot, pidns, meta };
 }

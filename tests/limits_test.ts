@@ -162,21 +162,21 @@ describe("the lock file's mode", () => {
 });
 
 describe("memory", () => {
-  test("taking and releasing 20,000 locks of distinct names does not grow the heap", async () => {
+  test("taking and releasing 12,000 locks of distinct names does not grow the heap", async () => {
     const { dir, cleanup } = tempDir();
     try {
       const flags = runtime === "deno"
         ? ["--allow-all", "--v8-flags=--expose-gc"]
         : undefined;
-      const child = new Child("memory.ts", [dir, "4000", "24000"], flags);
+      const child = new Child("memory.ts", [dir, "2000", "14000"], flags);
       const done = await child.expect("done");
       const perName = (Number(done.after) - Number(done.before)) /
         Number(done.names);
       console.log(
         `memory: ${
           Math.round(Number(done.before) / 1024)
-        } KiB after 4,000 names, ` +
-          `${Math.round(Number(done.after) / 1024)} KiB after 24,000 (${
+        } KiB after 2,000 names, ` +
+          `${Math.round(Number(done.after) / 1024)} KiB after 14,000 (${
             perName.toFixed(1)
           } bytes per name)`,
       );

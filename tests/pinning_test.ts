@@ -47,7 +47,12 @@ async function raceWorkers(
   );
   for (const w of workers) {
     const done = await w.expect("done");
-    assert.ok(Number(done.rounds) > 0, "every worker took the lock");
+    assert.ok(
+      Number(done.rounds) > 0,
+      `every worker took the lock: ${JSON.stringify(done)} ${
+        w.stderr.join("")
+      }`,
+    );
   }
   return existsSync(log)
     ? readFileSync(log, "utf8").split("\n").filter(Boolean)

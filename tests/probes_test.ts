@@ -23,6 +23,12 @@ describe("probes", () => {
         started: undefined,
         foreign: false,
         reason: undefined,
+        runtime: "",
+        meta: {},
+        bootId: "",
+        pidNamespace: "",
+        pidValidHere: undefined,
+        pidElsewhere: undefined,
       });
     } finally {
       cleanup();

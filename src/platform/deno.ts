@@ -214,6 +214,7 @@ class DenoHandle implements Handle {
 }
 
 let hostnameCache: string | undefined;
+let identityCache: { boot: string; pidns: string } | undefined;
 let runGranted: boolean | undefined;
 
 /** The Deno platform. */
@@ -225,22 +226,43 @@ export const platform: Platform = {
     if (hostnameCache !== undefined) return hostnameCache;
     hostnameCache = "";
     try {
+      // --allow-sys=hostname. (Reading /proc/sys/kernel/hostname instead
+      // needs all permissions on Deno 2.9, so it is no fallback.)
       const sys = Deno.permissions.querySync({ name: "sys", kind: "hostname" });
-      if (sys.state === "granted") {
-        hostnameCache = Deno.hostname();
-      } else {
-        // Linux publishes it in /proc too; read it only if already allowed.
-        const file = "/proc/sys/kernel/hostname";
-        const read = Deno.permissions.querySync({ name: "read", path: file });
-        if (read.state === "granted") {
-          hostnameCache = Deno.readTextFileSync(file).trim();
-        }
-      }
+      if (sys.state === "granted") hostnameCache = Deno.hostname();
     } catch {
       // No hostname: the record simply omits it.
     }
     hostnameCache = hostnameCache.replace(/[\r\n]/g, "");
     return hostnameCache;
+  },
+
+  identity(): { boot: string; pidns: string } {
+    if (identityCache !== undefined) return identityCache;
+    identityCache = { boot: "", pidns: "" };
+    // Deno lets a program read /proc only with all permissions; asking
+    // otherwise would be refused (or prompt), so without them it is omitted.
+    if (!LINUX || !hasAllAccess()) return identityCache;
+    try {
+      identityCache.boot = Deno.readTextFileSync(
+        "/proc/sys/kernel/random/boot_id",
+      ).trim();
+    } catch {
+      // No /proc.
+    }
+    try {
+      identityCache.pidns =
+        /^pid:\[(\d+)\]$/.exec(Deno.readLinkSync("/proc/self/ns/pid"))?.[1] ?? "";
+    } catch {
+      // No /proc.
+    }
+    return identityCache;
+  },
+
+  unrefInterval(fn: () => void, ms: number): () => void {
+    const timer = setInterval(fn, ms);
+    Deno.unrefTimer(timer);
+    return () => clearInterval(timer);
   },
 
   createNew(path: string): Handle {
@@ -377,6 +399,24 @@ export const platform: Platform = {
     }
   },
 
+  readDirKinds(path: string) {
+    try {
+      need("read", path, "readdir");
+      return Array.from(Deno.readDirSync(path), (entry) => ({
+        name: entry.name,
+        kind: entry.isFile
+          ? "file" as const
+          : entry.isDirectory
+          ? "directory" as const
+          : entry.isSymlink
+          ? "symlink" as const
+          : "other" as const,
+      }));
+    } catch (err) {
+      throw sysError(err, "readdir", path);
+    }
+  },
+
   processAlive(pid: number): Liveness {
     if (runGranted === undefined || !runGranted) {
       runGranted = Deno.permissions.querySync({ name: "run" }).state ===
@@ -396,7 +436,11 @@ export const platform: Platform = {
   watchDir(
     dir: string,
     onChange: (name: string) => void,
+    keepAlive = true,
   ): (() => void) | undefined {
+    // A Deno watcher (Deno.watchFs, or node:fs.watch even with
+    // persistent: false) keeps the process alive: measured on 2.9.6.
+    if (!keepAlive) return undefined;
     let watcher: Deno.FsWatcher;
     try {
       need("read", dir, "watch");

@@ -24,6 +24,8 @@ import {
   mkdirSync,
   openSync,
   readdirSync,
+  readFileSync,
+  readlinkSync,
   readSync,
   realpathSync,
   type Stats,
@@ -267,6 +269,7 @@ const OPEN_EXISTING = fsc.O_RDONLY | fsc.O_NOFOLLOW | fsc.O_NONBLOCK;
 const O_PATH = process.platform === "linux" ? 0o10000000 : 0;
 const OPEN_DIR = (O_PATH || fsc.O_RDONLY) | fsc.O_DIRECTORY;
 let hostnameCache: string | undefined;
+let identityCache: { boot: string; pidns: string } | undefined;
 // Whether /proc/self/fd/N names the open directory N (Linux with /proc
 // mounted). Asked once per process.
 let procFd: boolean | undefined;
@@ -399,6 +402,49 @@ export const platform: Platform = {
     }
   },
 
+  readDirKinds(path: string) {
+    try {
+      return readdirSync(path, { withFileTypes: true }).map((d) => ({
+        name: d.name,
+        kind: d.isFile()
+          ? "file" as const
+          : d.isDirectory()
+          ? "directory" as const
+          : d.isSymbolicLink()
+          ? "symlink" as const
+          : "other" as const,
+      }));
+    } catch (err) {
+      throw sysError(err, "readdir", path);
+    }
+  },
+
+  identity() {
+    if (identityCache === undefined) {
+      let boot = "";
+      let pidns = "";
+      try {
+        boot = readFileSync("/proc/sys/kernel/random/boot_id", "utf8").trim();
+      } catch {
+        // Not Linux, or no /proc.
+      }
+      try {
+        pidns = /^pid:\[(\d+)\]$/.exec(readlinkSync("/proc/self/ns/pid"))?.[1] ??
+          "";
+      } catch {
+        // Not Linux, or no /proc.
+      }
+      identityCache = { boot, pidns };
+    }
+    return identityCache;
+  },
+
+  unrefInterval(fn: () => void, ms: number): () => void {
+    const timer = setInterval(fn, ms);
+    timer.unref();
+    return () => clearInterval(timer);
+  },
+
   processAlive(pid: number): Liveness {
     try {
       process.kill(pid, 0);
@@ -414,6 +460,7 @@ export const platform: Platform = {
   watchDir(
     dir: string,
     onChange: (name: string) => void,
+    _keepAlive?: boolean,
   ): (() => void) | undefined {
     try {
       const watcher = watch(dir, { persistent: false }, (_event, name) => {

@@ -108,6 +108,22 @@ export interface Platform {
   /** Names in a directory. */
   readDir(path: string): string[];
   /**
+   * Entries of a directory with their kind as the directory reports it
+   * (never following a symlink); `other` where it does not say.
+   */
+  readDirKinds(path: string): { name: string; kind: FileInfo["kind"] }[];
+  /**
+   * This process's identity beyond its PID, read without a prompt where the
+   * runtime may: the Linux boot id and the inode of its PID namespace
+   * (`""` each when they cannot be read).
+   */
+  identity(): { boot: string; pidns: string };
+  /**
+   * Calls `fn` every `ms` milliseconds on a timer that never keeps the
+   * process alive, until the returned function is called.
+   */
+  unrefInterval(fn: () => void, ms: number): () => void;
+  /**
    * `kill(pid, 0)`, answered without ever prompting for a permission. The
    * core only asks about valid PIDs (1 to 2^31-1) of other processes.
    */
@@ -115,11 +131,13 @@ export interface Platform {
   /**
    * Calls `onChange` with an entry's name when an entry of `dir` changes,
    * until the returned function is called. Returns `undefined` when
-   * watching is not possible; callers then poll.
+   * watching is not possible; callers then poll. With `keepAlive: false`
+   * the watch must not keep the process alive, or is not made.
    */
   watchDir(
     dir: string,
     onChange: (name: string) => void,
+    keepAlive?: boolean,
   ): (() => void) | undefined;
 }
 

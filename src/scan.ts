@@ -1,0 +1,140 @@
+/**
+ * {@linkcode scan}: every runlock lock in a directory tree, inspected at
+ * once, for a UI that lists runs and splits them into running and crashed.
+ *
+ * @module
+ */
+
+import {
+  errnoOf,
+  lockPath,
+  mapError,
+  type Probe,
+  probe,
+  RACING_SLEEPS,
+  within,
+} from "./_protocol.ts";
+import { platform as p } from "./platform/current.ts";
+import { type Inspection, toInspection } from "./probes.ts";
+
+/**
+ * Options for {@linkcode scan}.
+ *
+ * @example Every lock under a state tree, giving up after 5 seconds
+ * ```ts
+ * import { scan, type ScanOptions } from "@runlock/runlock";
+ *
+ * const dir = await Deno.makeTempDir();
+ * const options: ScanOptions = { recursive: true, signal: AbortSignal.timeout(5_000) };
+ * console.log(await scan(dir, options));
+ * ```
+ */
+export interface ScanOptions {
+  /** Also look in subdirectories (never following a symlink). Default `false`. */
+  recursive?: boolean;
+  /** Stops the scan: the promise rejects with the signal's reason. */
+  signal?: AbortSignal;
+}
+
+// A temp file of an acquire (`.<stem>.<16 hex digits>.tmp`) holds a runlock
+// record too, but it is litter or a lock in the making, not a lock.
+const TEMP_NAME = /^\..*\.[0-9a-f]{16}\.tmp$/;
+
+/**
+ * The {@linkcode Inspection} of every runlock lock file under `dir`, sorted
+ * by path. A lock is found by its record (the `runlock` marker on line 2),
+ * so any file name works; plain pidfiles, other files and temp-file litter
+ * are not locks and are not listed, nor are files this user cannot read.
+ * Never takes a lock, never writes: each file is probed as
+ * {@linkcode inspect} does (a shared flock, one read).
+ *
+ * Permissions (Deno): `--allow-read` for `dir`.
+ *
+ * @param dir The directory to look in.
+ * @param options `recursive` and `signal`.
+ * @returns The inspections, sorted by path; `[]` when `dir` does not exist.
+ * @throws {TypeError} `dir` is empty or holds a NUL.
+ * @throws {LockPermissionError} `dir` cannot be read.
+ *
+ * @example Which runs are alive, and which crashed
+ * ```ts
+ * import { acquire, scan } from "@runlock/runlock";
+ * import assert from "node:assert/strict";
+ *
+ * const dir = await Deno.makeTempDir();
+ * await using _a = await acquire(`${dir}/sync.lock`, { meta: { cmd: "sync" } });
+ * await Deno.writeTextFile(`${dir}/gc.lock`, "4242\nrunlock 1\n"); // a crashed run
+ * await Deno.writeTextFile(`${dir}/notes.txt`, "not a lock\n");
+ * const found = await scan(dir);
+ * assert.deepEqual(found.map((i) => [i.path, i.state]), [
+ *   [`${dir}/gc.lock`, "stale"],
+ *   [`${dir}/sync.lock`, "held"],
+ * ]);
+ * assert.equal(found[1].meta.cmd, "sync");
+ * ```
+ */
+export async function scan(
+  dir: string,
+  options?: ScanOptions,
+): Promise<Inspection[]> {
+  if (typeof dir !== "string" || dir === "" || dir.includes("\0")) {
+    throw new TypeError(
+      `Cannot scan as 'dir' must be a non-empty string without NUL: current value is ${
+        typeof dir === "string" ? JSON.stringify(dir) : String(dir)
+      }`,
+    );
+  }
+  const recursive = options?.recursive ?? false;
+  const signal = options?.signal;
+  signal?.throwIfAborted();
+  const found: Inspection[] = [];
+  const racing: string[] = [];
+  const dirs = [dir];
+  for (let d = dirs.pop(); d !== undefined; d = dirs.pop()) {
+    let entries: { name: string; kind: string }[];
+    try {
+      entries = p.readDirKinds(d);
+    } catch (err) {
+      const code = errnoOf(err);
+      // Gone, or turned into a file, since we listed its parent.
+      if (d !== dir && (code === "ENOENT" || code === "ENOTDIR")) continue;
+      if (d === dir && code === "ENOENT") return [];
+      throw mapError(err, within(d, "."), "cannot list the directory");
+    }
+    for (const { name, kind } of entries) {
+      const path = within(d, name);
+      if (kind === "directory") {
+        if (recursive) dirs.push(path);
+        continue;
+      }
+      if (kind !== "file" || TEMP_NAME.test(name)) continue;
+      const result = look(path);
+      if (result === undefined) continue;
+      if (result.racing) racing.push(path);
+      else if (result.marker) found.push(toInspection(path, result));
+    }
+    signal?.throwIfAborted();
+  }
+  // Files seen in the middle of a takeover: look again, as inspect does.
+  for (const path of racing) {
+    let result = look(path);
+    for (const ms of RACING_SLEEPS) {
+      if (result === undefined || !result.racing) break;
+      await new Promise((resolve) => setTimeout(resolve, ms));
+      signal?.throwIfAborted();
+      result = look(path);
+    }
+    if (result?.marker) found.push(toInspection(path, result));
+  }
+  return found.sort((a, b) => a.path < b.path ? -1 : a.path > b.path ? 1 : 0);
+}
+
+/** One file's probe; `undefined` when it is not something we can read. */
+function look(path: string): Probe | undefined {
+  try {
+    return probe(lockPath(path, "scan"), path);
+  } catch {
+    // Unreadable, or gone: not a lock we can report.
+    return undefined;
+  }
+}

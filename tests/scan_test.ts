@@ -1,0 +1,104 @@
+// scan(): every runlock lock under a directory, found by its record, sorted
+// by path, without taking a lock or writing anything.
+import assert from "node:assert/strict";
+import { spawnSync } from "node:child_process";
+import {
+  lstatSync,
+  mkdirSync,
+  readdirSync,
+  readFileSync,
+  symlinkSync,
+  writeFileSync,
+} from "node:fs";
+import { join } from "node:path";
+import { describe, test } from "node:test";
+import { acquire, scan } from "../mod.ts";
+import { deadPid, holder, tempDir } from "./_helpers.ts";
+
+/** Every file under `dir` with its inode, mtime and content. */
+function snapshot(dir: string): string {
+  const out: string[] = [];
+  const walk = (d: string) => {
+    for (const name of readdirSync(d).sort()) {
+      const path = join(d, name);
+      const s = lstatSync(path);
+      const content = s.isFile() ? readFileSync(path, "latin1") : "";
+      out.push(JSON.stringify([path, s.ino, s.mtimeMs, s.mode, content]));
+      if (s.isDirectory()) walk(path);
+    }
+  };
+  walk(dir);
+  return out.join("\n");
+}
+
+describe("scan()", () => {
+  test("lists every runlock lock (held and stale, any file name), sorted by path, and nothing else, without writing", async () => {
+    const { dir, cleanup } = tempDir();
+    const live = await holder(join(dir, "b-live.lock"));
+    try {
+      const dead = deadPid();
+      writeFileSync(join(dir, "a-crashed"), `${dead}\nrunlock 1\nhost=x\n`);
+      writeFileSync(join(dir, "plain.pid"), `${dead}\n`); // a plain pidfile
+      writeFileSync(join(dir, "notes.txt"), "hello\n");
+      writeFileSync(join(dir, "empty"), "");
+      writeFileSync(
+        join(dir, ".b-live.lock.0123456789abcdef.tmp"),
+        `${dead}\nrunlock 1\n`,
+      ); // litter of a dead acquire
+      symlinkSync(join(dir, "a-crashed"), join(dir, "link.lock"));
+      assert.equal(spawnSync("mkfifo", [join(dir, "fifo.lock")]).status, 0);
+      mkdirSync(join(dir, "sub"));
+      writeFileSync(join(dir, "sub", "deep.lock"), `${dead}\nrunlock 1\n`);
+      const before = snapshot(dir);
+
+      const found = await scan(dir);
+      assert.deepEqual(found.map((i) => [i.path, i.state, i.pid]), [
+        [join(dir, "a-crashed"), "stale", dead],
+        [join(dir, "b-live.lock"), "held", live.pid],
+      ]);
+      assert.equal(found[0].host, "x");
+
+      const deep = await scan(dir, { recursive: true });
+      assert.deepEqual(deep.map((i) => i.path), [
+        join(dir, "a-crashed"),
+        join(dir, "b-live.lock"),
+        join(dir, "sub", "deep.lock"),
+      ]);
+      assert.equal(snapshot(dir), before, "nothing was written or removed");
+    } finally {
+      await live.kill();
+      cleanup();
+    }
+  });
+
+  test("a missing directory has no locks; a bad argument is a TypeError; an aborted signal rejects with its reason", async () => {
+    const { dir, cleanup } = tempDir();
+    try {
+      assert.deepEqual(await scan(join(dir, "nowhere")), []);
+      await assert.rejects(scan(""), TypeError);
+      await using _lock = await acquire(join(dir, "x.lock"));
+      const reason = new Error("stop");
+      await assert.rejects(
+        scan(dir, { signal: AbortSignal.abort(reason) }),
+        (err) => err === reason,
+      );
+    } finally {
+      cleanup();
+    }
+  });
+
+  test("meta and runtime come back for each lock, as from inspect()", async () => {
+    const { dir, cleanup } = tempDir();
+    try {
+      await using _a = await acquire(join(dir, "sync.lock"), {
+        meta: { cmd: "sync --full" },
+      });
+      const [found] = await scan(dir);
+      assert.equal(found.state, "held");
+      assert.deepEqual(found.meta, { cmd: "sync --full" });
+      assert.notEqual(found.runtime, "");
+    } finally {
+      cleanup();
+    }
+  });
+});
