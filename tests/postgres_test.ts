@@ -15,7 +15,7 @@ import {
   pgLocks,
   RunlockError,
 } from "../src/postgres/mod.ts";
-import { Child, delay, tempDir } from "./_helpers.ts";
+import { Child, delay, runtime, tempDir } from "./_helpers.ts";
 import {
   type Cluster,
   findPgBin,
@@ -450,6 +450,41 @@ describe("postgres backend", { skip: !hasServer }, () => {
       /unknown option 'sheme'/,
     );
   });
+
+  test(
+    "under Deno, a missing --allow-env or --allow-net is an error naming the flag, not a prompt; --allow-sys=hostname is optional",
+    {
+      skip: runtime !== "deno",
+    },
+    async () => {
+      const name = unique("perms");
+      const port = String(cluster.port);
+      const cases: [string[], RegExp | undefined][] = [
+        [["--allow-net"], /grant --allow-env/],
+        [
+          ["--allow-env"],
+          new RegExp(`grant --allow-net=127\\.0\\.0\\.1:${port}`),
+        ],
+        [["--allow-env", `--allow-net=127.0.0.1:${port}`], undefined],
+      ];
+      for (const [flags, expected] of cases) {
+        const c = new Child("pg_child.ts", ["try", url, name], flags);
+        const e = await c.next();
+        if (expected === undefined) {
+          assert.equal(
+            e.event,
+            "acquired",
+            JSON.stringify(e) + c.stderr.join(""),
+          );
+        } else {
+          assert.equal(e.event, "error", JSON.stringify(e) + c.stderr.join(""));
+          assert.equal(e.name, "RunlockError");
+          assert.match(String(e.message), expected);
+        }
+        await c.exited;
+      }
+    },
+  );
 
   test("acquire() with a timeout rejects with HeldError after it, and an aborted wait rejects with the signal's reason and leaves no session waiting", async () => {
     const name = unique("abort");

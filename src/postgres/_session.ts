@@ -8,11 +8,6 @@ import {
   setInterval,
   setTimeout,
 } from "node:timers";
-// Until deno.json maps "pg" to "npm:pg@8.23.1" (an integration request in
-// the PostgreSQL backend's hand-off notes); then this becomes `from "pg"`.
-// deno-lint-ignore no-import-prefix
-import pg from "npm:pg@8.23.1";
-
 /** The part of node-postgres's Client that runlock uses. */
 interface PgClient {
   connect(): Promise<void>;
@@ -31,9 +26,26 @@ interface PgClient {
   readonly connection: { stream: { destroy(): void } };
 }
 
-const Client = (pg as unknown as {
-  Client: new (config: Record<string, unknown>) => PgClient;
-}).Client;
+type ClientClass = new (config: Record<string, unknown>) => PgClient;
+let clientClass: Promise<ClientClass> | undefined;
+
+/**
+ * Loads node-postgres on the first connection, not at import: importing
+ * runlock's PostgreSQL entry costs nothing until it is used, and under
+ * Deno the client's import-time read of $USER happens only after the
+ * permission check has turned a missing --allow-env into a clear error
+ * instead of a prompt. A literal specifier, so `deno compile` and `bun
+ * build --compile` still bundle it.
+ */
+function loadClient(): Promise<ClientClass> {
+  // Until deno.json maps "pg" to "npm:pg@8.23.1" (an integration request
+  // in the PostgreSQL backend's hand-off notes); then `import("pg")`.
+  // deno-lint-ignore no-import-prefix
+  clientClass ??= import("npm:pg@8.23.1").then((m) =>
+    ((m.default ?? m) as { Client: ClientClass }).Client
+  );
+  return clientClass;
+}
 
 /** How to open a session. */
 export interface SessionConfig {
@@ -127,6 +139,7 @@ export class Session {
   ): Promise<Session> {
     const options = Object.entries(config.settings)
       .map(([name, value]) => `-c ${name}=${value}`).join(" ");
+    const Client = await loadClient();
     const client = new Client({
       connectionString: config.url,
       options,

@@ -9,6 +9,7 @@ import { hostname } from "node:os";
 import process from "node:process";
 import { clearInterval, setInterval, setTimeout } from "node:timers";
 import { ContendedError, HeldError, RunlockError } from "../errors.ts";
+import { granted } from "./_deno.ts";
 import { keyOf, lockTagOf } from "./_key.ts";
 import { checkMeta } from "./_meta.ts";
 import {
@@ -341,9 +342,10 @@ let cachedHost: string | undefined;
 function hostName(): string {
   if (cachedHost === undefined) {
     try {
-      cachedHost = hostname();
+      // Deno without --allow-sys=hostname records no host (no prompt).
+      cachedHost = granted({ name: "sys", kind: "hostname" }) ? hostname() : "";
     } catch {
-      cachedHost = ""; // Deno without --allow-sys=hostname
+      cachedHost = "";
     }
   }
   return cachedHost;
@@ -353,6 +355,8 @@ function hostName(): string {
 interface Target {
   /** `host:port, database "db", user "u"`. */
   text: string;
+  host: string;
+  port: string;
   password: string;
 }
 
@@ -378,14 +382,19 @@ function parseUrl(url: unknown): Target {
   const password = decodeURIComponent(u.password);
   const host = u.searchParams.get("host") ?? (u.hostname || "localhost");
   const port = u.searchParams.get("port") ?? (u.port || "5432");
-  const user = decodeURIComponent(u.username) ||
-    process.env.PGUSER || process.env.USER || "";
+  const env = granted({ name: "env" })
+    ? process.env
+    : {} as Record<string, string | undefined>;
+  const user = decodeURIComponent(u.username) || env.PGUSER || env.USER ||
+    "";
   const database = decodeURIComponent(u.pathname.replace(/^\//, "")) ||
     user;
   return {
     text: `${host}:${port}, database ${JSON.stringify(database)}, user ${
       JSON.stringify(user)
     }`,
+    host,
+    port,
     password,
   };
 }
@@ -698,6 +707,21 @@ class PgLocksImpl implements PgLocks {
       throw new RunlockError(
         name,
         `${name}: cannot use this pgLocks object: end() was called`,
+      );
+    }
+    // Under Deno, a missing grant is an error naming the flag, not a
+    // prompt: the client reads PG* variables (PGPASSWORD, PGUSER, ...).
+    const { host, port } = this.#target;
+    const missing = !granted({ name: "env" })
+      ? "--allow-env (the PostgreSQL client reads PG* variables)"
+      : !host.startsWith("/") &&
+          !granted({ name: "net", host: `${host}:${port}` })
+      ? `--allow-net=${host}:${port}`
+      : undefined;
+    if (missing !== undefined) {
+      throw new RunlockError(
+        name,
+        `${name}: cannot connect to PostgreSQL at ${this.#target.text}: permission denied; grant ${missing}`,
       );
     }
     try {
