@@ -49,7 +49,9 @@ async function status(): Promise<void> {
   const since = info.started ? ` since ${info.started.toISOString()}` : "";
   const text = {
     free: "free: no run is active",
-    held: `held by pid ${info.pid} on ${info.host || "?"}${since}`,
+    held: `held by pid ${info.pid}${
+      info.host ? ` on ${info.host}` : ""
+    }${since}`,
     stale:
       `stale: last holder pid ${info.pid} is gone; the next run takes over`,
     invalid: `invalid: ${info.reason}`,
