@@ -1,0 +1,240 @@
+// One contract, two backends: the behaviours a file lock and a PostgreSQL
+// lock share, written once and run against each (filelock's lesson: a
+// suite per backend lets them drift). Each backend is an adapter over its
+// public API and its child fixture (tests/fixtures/child.ts for files,
+// tests/fixtures/pg_child.ts for PostgreSQL), which print the same events.
+import assert from "node:assert/strict";
+import { hostname } from "node:os";
+import process from "node:process";
+import { after, before, describe, test } from "node:test";
+import * as files from "../mod.ts";
+import { HeldError, type PgLocks, pgLocks } from "../src/postgres/mod.ts";
+import { Child, delay, tempDir } from "./_helpers.ts";
+import {
+  type Cluster,
+  findPgBin,
+  startCluster,
+} from "./fixtures/pg_cluster.ts";
+
+/** What both backends' locks have. */
+interface AnyLock extends AsyncDisposable {
+  readonly path: string;
+  readonly pid: number;
+  readonly acquiredAt: Date;
+  readonly released: boolean;
+  isOwned(): boolean | Promise<boolean>;
+  release(): Promise<void>;
+}
+
+interface Inspected {
+  state: string;
+  pid: number;
+  host: string;
+  started: Date | undefined;
+}
+
+/** A backend under test, through its public API. */
+interface Backend {
+  label: string;
+  start(): Promise<void>;
+  stop(): Promise<void>;
+  /** A fresh lock name (a path for files). */
+  fresh(): string;
+  acquire(
+    name: string,
+    options?: { timeout?: number; signal?: AbortSignal },
+  ): Promise<AnyLock>;
+  inspect(name: string): Promise<Inspected>;
+  held(name: string): Promise<boolean>;
+  activePid(name: string): Promise<{ pid: number; alive: boolean }>;
+  /** A child process of this runtime that takes the lock: "hold" or "try". */
+  child(mode: "hold" | "try", name: string, timeout?: number): Child;
+}
+
+function fileBackend(): Backend {
+  let dir = "";
+  let cleanup = () => {};
+  let n = 0;
+  return {
+    label: "file",
+    start() {
+      ({ dir, cleanup } = tempDir());
+      return Promise.resolve();
+    },
+    stop() {
+      cleanup();
+      return Promise.resolve();
+    },
+    fresh: () => `${dir}/lock-${n++}.lock`,
+    acquire: (name, options) => files.acquire(name, options),
+    inspect: (name) => files.inspect(name),
+    held: (name) => files.held(name),
+    activePid: (name) => files.activePid(name),
+    child: (mode, name, timeout) =>
+      new Child("child.ts", [
+        mode,
+        name,
+        ...(timeout ? [String(timeout)] : []),
+      ]),
+  };
+}
+
+function pgBackend(): Backend {
+  let cluster: Cluster;
+  let locks: PgLocks;
+  let n = 0;
+  return {
+    label: "postgres",
+    async start() {
+      cluster = await startCluster();
+      locks = pgLocks(cluster.url);
+    },
+    async stop() {
+      await locks?.end();
+      cluster?.stop();
+    },
+    fresh: () => `contract/${process.pid}-${Date.now().toString(36)}/${n++}`,
+    acquire: (name, options) => locks.acquire(name, options),
+    inspect: (name) => locks.inspect(name),
+    held: (name) => locks.held(name),
+    activePid: (name) => locks.activePid(name),
+    child: (mode, name, timeout) =>
+      new Child("pg_child.ts", [
+        mode,
+        cluster.url,
+        name,
+        ...(timeout ? [String(timeout)] : []),
+      ]),
+  };
+}
+
+const hasPg = Boolean(process.env.RUNLOCK_TEST_PG_URL) ||
+  findPgBin() !== undefined;
+
+for (const backend of [fileBackend(), pgBackend()]) {
+  const skip = backend.label === "postgres" && !hasPg;
+  describe(`contract (${backend.label})`, { skip }, () => {
+    before(() => backend.start());
+    after(() => backend.stop());
+
+    test("acquire() holds the lock: held, activePid and inspect name this process until release(), which is idempotent", async () => {
+      const name = backend.fresh();
+      assert.deepEqual(await backend.activePid(name), { pid: 0, alive: false });
+      assert.equal((await backend.inspect(name)).state, "free");
+      const lock = await backend.acquire(name);
+      assert.equal(lock.path, name);
+      assert.equal(lock.pid, process.pid);
+      assert.ok(lock.acquiredAt instanceof Date);
+      assert.equal(await lock.isOwned(), true);
+      assert.equal(await backend.held(name), true);
+      assert.deepEqual(await backend.activePid(name), {
+        pid: process.pid,
+        alive: true,
+      });
+      const info = await backend.inspect(name);
+      assert.equal(info.state, "held");
+      assert.equal(info.pid, process.pid);
+      assert.equal(info.host, hostname());
+      assert.ok(info.started instanceof Date);
+      await lock.release();
+      assert.equal(lock.released, true);
+      assert.equal(await lock.isOwned(), false);
+      await lock.release();
+      assert.equal(await backend.held(name), false);
+      assert.equal((await backend.inspect(name)).state, "free");
+    });
+
+    test("another process gets HeldError with the holder's pid and host; after the holder's SIGKILL the lock reads stale and the next acquire takes it", async () => {
+      const name = backend.fresh();
+      const holder = backend.child("hold", name);
+      try {
+        await holder.expect("acquired");
+        const refused = await backend.child("try", name).expect("held");
+        assert.equal(refused.holder, holder.pid);
+        assert.equal(refused.host, hostname());
+        const err = await backend.acquire(name).catch((e) => e);
+        assert.ok(err instanceof HeldError, String(err));
+        assert.equal(err.pid, holder.pid);
+        await holder.kill("SIGKILL");
+        let info = await backend.inspect(name);
+        for (let i = 0; i < 200 && info.state === "held"; i++) {
+          await delay(5);
+          info = await backend.inspect(name);
+        }
+        assert.equal(info.state, "stale");
+        assert.equal(info.pid, holder.pid);
+        assert.deepEqual(await backend.activePid(name), {
+          pid: holder.pid,
+          alive: false,
+        });
+        await using lock = await backend.acquire(name);
+        assert.equal(lock.pid, process.pid);
+      } finally {
+        await holder.kill();
+      }
+    });
+
+    test("await using releases at the end of the block", async () => {
+      const name = backend.fresh();
+      {
+        await using _lock = await backend.acquire(name);
+        assert.equal(await backend.held(name), true);
+      }
+      assert.equal(await backend.held(name), false);
+    });
+
+    test("acquire() with a timeout waits for the holder's release, and fails with HeldError when it does not come", async () => {
+      const name = backend.fresh();
+      const holder = backend.child("hold", name);
+      try {
+        await holder.expect("acquired");
+        const t0 = performance.now();
+        const err = await backend.acquire(name, { timeout: 200 }).catch((e) =>
+          e
+        );
+        assert.ok(err instanceof HeldError, String(err));
+        assert.ok(performance.now() - t0 >= 190);
+        const waiting = backend.acquire(name, { timeout: 10_000 });
+        await delay(100);
+        holder.send("release");
+        await holder.expect("released");
+        await using lock = await waiting;
+        assert.equal(lock.pid, process.pid);
+      } finally {
+        await holder.kill();
+      }
+    });
+
+    test("an AbortSignal stops the wait with its reason; an aborted signal fails at once", async () => {
+      const name = backend.fresh();
+      const holder = backend.child("hold", name);
+      try {
+        await holder.expect("acquired");
+        const reason = new Error("stop");
+        const controller = new AbortController();
+        const waiting = backend.acquire(name, {
+          timeout: Infinity,
+          signal: controller.signal,
+        });
+        await delay(100);
+        controller.abort(reason);
+        await assert.rejects(waiting, (e) => e === reason);
+        await assert.rejects(
+          backend.acquire(name, { signal: AbortSignal.abort(reason) }),
+          (e) => e === reason,
+        );
+        assert.equal(await backend.held(name), true);
+      } finally {
+        await holder.kill();
+      }
+    });
+
+    test("a negative timeout is a RangeError and an empty name a TypeError, before anything is opened", async () => {
+      await assert.rejects(
+        backend.acquire(backend.fresh(), { timeout: -1 }),
+        RangeError,
+      );
+      await assert.rejects(backend.acquire(""), TypeError);
+    });
+  });
+}
