@@ -1,5 +1,7 @@
 // `deno task build:npm`: builds the npm package into npm/ (ignored by git),
-// doing what dnt would:
+// doing what dnt would. `deno task pack` (--pack) then packs it into
+// npm/runlock-<version>.tgz, the tarball the README installs from a clone.
+//
 //   npm/package/        the package: esm/ (.js + .d.ts), cjs/ (.cjs +
 //                       .d.cts), package.json, README.md, LICENSE
 //   npm/tests/          the same test files, compiled to JavaScript, for
@@ -389,4 +391,17 @@ console.log(
 );
 if (!existsSync(join(pkgDir, "cjs", "mod.cjs"))) {
   throw new Error("no CommonJS entry");
+}
+
+if (process.argv.includes("--pack")) {
+  for (const f of readdirSync(out).filter((f) => f.endsWith(".tgz"))) {
+    rmSync(join(out, f));
+  }
+  const packed = spawnSync(
+    "npm",
+    ["pack", "--silent", "--pack-destination", out],
+    { cwd: pkgDir, encoding: "utf8" },
+  );
+  if (packed.status !== 0) throw new Error(`npm pack failed: ${packed.stderr}`);
+  console.log(`packed ${relative(root, join(out, packed.stdout.trim()))}`);
 }

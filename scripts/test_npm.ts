@@ -12,12 +12,14 @@ import {
   mkdirSync,
   mkdtempSync,
   readdirSync,
+  readFileSync,
   rmSync,
   writeFileSync,
 } from "node:fs";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import process from "node:process";
+import { commandLines, readmeBlock } from "../tests/_readme.ts";
 
 const BUN = "1.4.5";
 const PUBLINT = "0.3.25";
@@ -27,6 +29,9 @@ const root = join(dirname(new URL(import.meta.url).pathname), "..");
 const npmDir = join(root, "npm");
 const scratch = join(npmDir, "scratch");
 const results: string[] = [];
+const { version } = JSON.parse(
+  readFileSync(join(root, "deno.json"), "utf8"),
+) as { version: string };
 
 function run(
   cmd: string,
@@ -50,40 +55,38 @@ function step(name: string, f: () => void): void {
   results.push(`${name} (${((Date.now() - started) / 1000).toFixed(1)}s)`);
 }
 
-step(
-  "build",
-  () =>
-    run(Deno.execPath(), [
-      "run",
-      "--allow-all",
-      join(root, "scripts/build_npm.ts"),
-    ]),
-);
-
-let tarball = "";
-step("npm pack", () => {
-  run("npm", ["pack", "--silent", "--pack-destination", npmDir], {
-    cwd: join(npmDir, "package"),
-  });
-  tarball = join(npmDir, readdirSync(npmDir).find((f) => f.endsWith(".tgz"))!);
+// Build, pack and install exactly as the README's "From a clone" block says
+// (tests/_readme.ts reads it): its first line in the clone, its second in
+// the scratch project, with the README's placeholder /path/to/runlock
+// replaced by this clone.
+const [packLine, installLine] = commandLines(readmeBlock("npm-from-clone"));
+const tarball = join(npmDir, `runlock-${version}.tgz`);
+step(`README: ${packLine.replace(/\s+#.*$/, "")} (build and pack)`, () => {
+  run("sh", ["-c", packLine], { cwd: root });
+  if (!existsSync(tarball)) {
+    throw new Error(`the README's pack line made no ${tarball}`);
+  }
 });
 
-step("install the tarball into a scratch project", () => {
+step("README: npm install of the tarball into a scratch project", () => {
   rmSync(scratch, { recursive: true, force: true });
   mkdirSync(scratch, { recursive: true });
   writeFileSync(
     join(scratch, "package.json"),
     JSON.stringify({ name: "scratch", private: true, type: "module" }, null, 2),
   );
-  const deps = [tarball];
-  if (!process.env.RUNLOCK_SKIP_BUN) deps.push(`bun@${BUN}`);
-  run("npm", [
-    "install",
-    "--no-audit",
-    "--no-fund",
-    "--loglevel=error",
-    ...deps,
-  ], { cwd: scratch });
+  run("sh", ["-c", installLine.replaceAll("/path/to/runlock", root)], {
+    cwd: scratch,
+  });
+  if (!process.env.RUNLOCK_SKIP_BUN) {
+    run("npm", [
+      "install",
+      "--no-audit",
+      "--no-fund",
+      "--loglevel=error",
+      `bun@${BUN}`,
+    ], { cwd: scratch });
+  }
   // The same compiled tests twice: once importing the ESM entry, once the
   // CommonJS entry (through createRequire).
   for (const entry of ["esm", "cjs"]) {
@@ -91,6 +94,17 @@ step("install the tarball into a scratch project", () => {
     cpSync(join(npmDir, "tests"), dir, { recursive: true });
     cpSync(join(dir, `_entry.${entry}.js`), join(dir, "_entry.js"));
     cpSync(join(dir, `_cli_entry.${entry}.js`), join(dir, "_cli_entry.js"));
+  }
+});
+
+step("README: the npm CLI line in the scratch project", () => {
+  for (const line of commandLines(readmeBlock("npm-cli"))) {
+    const r = spawnSync("sh", ["-c", line], { cwd: scratch, encoding: "utf8" });
+    if (r.status !== 1 || r.stdout !== "free\n") {
+      throw new Error(
+        `README line '${line}': expected "free" and exit 1, got ${r.status}: ${r.stdout}${r.stderr}`,
+      );
+    }
   }
 });
 
@@ -111,10 +125,13 @@ const systemMajor = spawnSync("node", [
 ], {
   encoding: "utf8",
 }).stdout.trim();
-for (const version of versions) {
-  const [cmd, prefix] = version === systemMajor
+function nodeCommand(version: string): [string, string[]] {
+  return version === systemMajor
     ? ["node", []]
     : ["npx", ["--yes", `node@${version}`]];
+}
+for (const version of versions) {
+  const [cmd, prefix] = nodeCommand(version);
   for (const entry of ["esm", "cjs"]) {
     step(
       `node ${version} (${entry})`,
@@ -129,6 +146,43 @@ for (const version of versions) {
         }),
     );
   }
+}
+
+// The README's Node example (try/finally, for Node 20 and 22 without
+// `await using`), as written, on each Node version: it takes and releases
+// the lock, and exits 75 with the holder's message when a run holds it.
+const example = readmeBlock("node-quick-start");
+writeFileSync(join(scratch, "main.mjs"), example.text);
+for (const version of versions) {
+  const [cmd, prefix] = nodeCommand(version);
+  step(`README: the Node example on Node ${version}`, () => {
+    const lock = join(scratch, ".state", "run.lock");
+    const free = spawnSync(cmd, [...prefix, "main.mjs"], {
+      cwd: scratch,
+      encoding: "utf8",
+    });
+    if (free.status !== 0 || existsSync(lock)) {
+      throw new Error(`main.mjs on a free lock: ${free.status} ${free.stderr}`);
+    }
+    const holder = spawnSync("sh", [
+      "-c",
+      `mkdir -p .state; python3 tests-esm/fixtures/record_holder.py .state/run.lock & pid=$!
+       while [ ! -s .state/run.lock ]; do sleep 0.05; done
+       "$@" main.mjs; code=$?; kill $pid; wait $pid 2>/dev/null; echo "exit=$code pid=$pid"`,
+      "sh",
+      cmd,
+      ...prefix,
+    ], { cwd: scratch, encoding: "utf8" });
+    const m = holder.stdout.match(/exit=(\d+) pid=(\d+)/);
+    if (
+      !m || m[1] !== "75" ||
+      !holder.stderr.includes(`another run is active as pid ${m[2]}`)
+    ) {
+      throw new Error(
+        `main.mjs while held: ${holder.stdout} ${holder.stderr}`,
+      );
+    }
+  });
 }
 
 const bun = join(scratch, "node_modules", ".bin", "bun");
