@@ -208,9 +208,6 @@ async function status(args: string[], io: CliIo): Promise<number> {
     io.out(JSON.stringify({
       ...info,
       started: info.started?.toISOString() ?? null,
-      // The record's runtime= line ("deno", "node", "bun"); null until the
-      // probe reports it.
-      runtime: (info as { runtime?: string }).runtime ?? null,
       reason: info.reason ?? null,
     }));
   } else if (info.state === "invalid") {
