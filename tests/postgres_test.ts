@@ -30,6 +30,11 @@ import { replayLog } from "./fixtures/pg_stress.ts";
 const hasServer = Boolean(process.env.RUNLOCK_TEST_PG_URL) ||
   findPgBin() !== undefined;
 const canRestart = findPgBin() !== undefined;
+// Tests that SIGSTOP a server backend need the server on this machine.
+const localServer = hasServer && (!process.env.RUNLOCK_TEST_PG_URL ||
+  ["127.0.0.1", "localhost", "[::1]"].includes(
+    new URL(process.env.RUNLOCK_TEST_PG_URL).hostname,
+  ));
 const SKIP_MESSAGE =
   "no PostgreSQL binaries (initdb, pg_ctl) and no RUNLOCK_TEST_PG_URL: the PostgreSQL backend is NOT tested";
 
@@ -325,6 +330,82 @@ describe("postgres backend", { skip: !hasServer }, () => {
     await using next = await locks.acquire(name);
     assert.ok(next.fence > lock.fence);
   });
+
+  test(
+    "a holder whose server stops answering (its backend SIGSTOPped) sees lock.signal abort after heartbeatInterval + heartbeatTimeout",
+    {
+      skip: !localServer,
+    },
+    async () => {
+      const name = unique("silent-holder");
+      await using locks = pgLocks(url, {
+        heartbeatInterval: 200,
+        heartbeatTimeout: 400,
+      });
+      await using probe = pgLocks(url);
+      const lock = await locks.acquire(name);
+      const backend = (await probe.inspect(name)).backendPid;
+      const aborted = new Promise<number>((resolve) =>
+        lock.signal.addEventListener("abort", () => resolve(performance.now()))
+      );
+      const keepAlive = setInterval(() => {}, 1_000);
+      const t0 = performance.now();
+      process.kill(backend, "SIGSTOP");
+      try {
+        const at = await aborted;
+        assert.ok(at - t0 < 2_000, `${at - t0} ms`);
+        assert.ok(lock.signal.reason instanceof LockLostError);
+        assert.match(
+          lock.signal.reason.message,
+          /did not answer a heartbeat within 400 ms/,
+        );
+      } finally {
+        process.kill(backend, "SIGCONT");
+        clearInterval(keepAlive);
+      }
+      // Resumed, the backend reads our closed socket and ends: the lock is free.
+      await using next = await probe.acquire(name, { timeout: 5_000 });
+      assert.ok(next.fence > lock.fence);
+    },
+  );
+
+  test(
+    "a wait whose server stops answering fails with RunlockError after the slice plus heartbeatTimeout instead of hanging",
+    {
+      skip: !localServer,
+    },
+    async () => {
+      const name = unique("silent-waiter");
+      await using a = pgLocks(url);
+      await using b = pgLocks(url, {
+        heartbeatInterval: 200,
+        heartbeatTimeout: 400,
+      });
+      await using _lock = await a.acquire(name);
+      const t0 = performance.now();
+      const waiting = b.acquire(name, { timeout: 1_000 });
+      waiting.catch(() => {});
+      await waitersBlocked(url, 1);
+      const backend = Number(psql(
+        url,
+        `SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%pg_advisory_lock(%' LIMIT 1`,
+      ));
+      process.kill(backend, "SIGSTOP");
+      try {
+        const err = await waiting.catch((e) => e);
+        const took = performance.now() - t0;
+        assert.ok(err instanceof RunlockError, String(err));
+        assert.ok(!(err instanceof HeldError));
+        assert.match(
+          err.message,
+          /did not answer a statement within \d+ ms/,
+        );
+        assert.ok(took < 3_000, `${took} ms`);
+      } finally {
+        process.kill(backend, "SIGCONT");
+      }
+    },
+  );
 
   test("two names whose 64-bit keys collide are refused with KeyCollisionError, never share the lock, and a failed acquire leaves no advisory lock behind", async () => {
     const victim = unique("victim");

@@ -183,31 +183,49 @@ export class Session {
 
   /**
    * Runs one statement. `named` statements are prepared once per session
-   * (Parse once, then Bind/Execute). The socket is referenced while it
-   * runs, unless `background` (the heartbeat).
+   * (Parse once, then Bind/Execute). The process is kept alive while it
+   * runs, unless `background` (the heartbeat). With a `timeout` (ms), a
+   * statement with no answer by then ends the session: a server that
+   * stopped answering (a silent network partition, a stopped backend)
+   * must not hang the caller until TCP gives up, minutes later.
    */
   async query(
     text: string,
     values: unknown[] = [],
     named?: string,
     background = false,
+    timeout = 0,
   ): Promise<Record<string, unknown>[]> {
     if (this.#lost !== undefined) {
       throw new Error(`the session ${this.#lost}`);
     }
     if (!background) hold();
+    let timer: ReturnType<typeof setTimeout> | undefined;
     try {
-      const run = this.#tail.then(() =>
-        this.#client.query(
+      const run = this.#tail.then(() => {
+        if (timeout > 0) {
+          timer = setTimeout(
+            () => this.#lose(`did not answer a statement within ${timeout} ms`),
+            timeout,
+          );
+          timer.unref();
+        }
+        return this.#client.query(
           named ? { name: named, text, values } : { text, values },
-        )
-      );
+        );
+      });
       this.#tail = run.catch(() => {});
       return (await run).rows;
     } catch (err) {
       if (isSessionError(err)) this.#lose(`ended: ${describe(err)}`);
+      // Our own deadline ended it: say that, not "Connection terminated".
+      const lost = this.#lost as string | undefined;
+      if (lost?.startsWith("did not answer")) {
+        throw new Error(`the session ${lost}`, { cause: err });
+      }
       throw err;
     } finally {
+      if (timer !== undefined) clearTimeout(timer);
       if (!background) letGo();
     }
   }

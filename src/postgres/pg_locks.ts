@@ -555,6 +555,8 @@ class PgLockImpl implements PgLock {
         this.#owner.sql.owned,
         [this.#tag.classid, this.#tag.objid],
         "runlock_owned",
+        false,
+        this.#owner.statementTimeout,
       );
       return rows[0]?.owned === true;
     } catch {
@@ -577,6 +579,8 @@ class PgLockImpl implements PgLock {
         this.#owner.sql.release,
         [this.path, String(this.fence)],
         "runlock_release",
+        false,
+        this.#owner.statementTimeout,
       );
     } catch (err) {
       session.destroy();
@@ -645,6 +649,11 @@ class PgLocksImpl implements PgLocks {
         idle_session_timeout: "0",
       },
     };
+  }
+
+  /** Milliseconds a short statement may take before its session counts as dead. */
+  get statementTimeout(): number {
+    return this.#options.connectTimeout;
   }
 
   startHeartbeat(session: Session): void {
@@ -929,12 +938,19 @@ class PgLocksImpl implements PgLocks {
     text: string,
     params: unknown[],
     statement: string,
+    timeout = this.statementTimeout,
   ): Promise<Record<string, unknown>[]> {
     try {
-      return await session.query(text, params, statement);
+      return await session.query(text, params, statement, false, timeout);
     } catch (err) {
       if (session.lost !== undefined) throw err;
-      await session.query(this.sql.unlockAll, [], "runlock_unlock_all");
+      await session.query(
+        this.sql.unlockAll,
+        [],
+        "runlock_unlock_all",
+        false,
+        this.statementTimeout,
+      );
       if (sqlState(err) === "23505") {
         // unique_violation on `key`: another name's row has our key.
         const found = await this.#find(session, name, key, lockTagOf(key));
@@ -965,6 +981,8 @@ class PgLocksImpl implements PgLocks {
     let rows: Record<string, unknown>[] | undefined;
     let failure: unknown;
     try {
+      // The server answers by the end of the slice (lock_timeout); no
+      // answer by then plus a heartbeat timeout means it is unreachable.
       rows = await this.#attempt(
         session,
         name,
@@ -972,6 +990,7 @@ class PgLocksImpl implements PgLocks {
         this.sql.waitAcquire,
         params,
         "runlock_wait",
+        Number(params[6]) + this.#options.heartbeatTimeout,
       );
     } catch (err) {
       failure = err;
@@ -1017,6 +1036,8 @@ class PgLocksImpl implements PgLocks {
         this.sql.inspect,
         [name, String(key), tag.classid, tag.objid],
         "runlock_inspect",
+        false,
+        this.statementTimeout,
       );
       found = interpret(name, key, rows[0]);
       if (!found.info.foreign) break;
