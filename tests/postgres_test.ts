@@ -271,15 +271,18 @@ describe("postgres backend", { skip: !hasServer }, () => {
       const info = await locks.inspect(name);
       assert.equal(info.state, "held");
       assert.equal(info.pid, holder.pid);
-      // The documented recipe: terminate the backend that holds the name.
+      // The documented recipe (README, "Beyond one host"): terminate the
+      // session that holds the name, and only while it holds it.
       const terminated = psql(
         url,
         `SELECT pg_terminate_backend(l.pid)
            FROM public.runlock_locks r
-           JOIN pg_locks l ON l.locktype = 'advisory' AND l.granted AND l.pid = r.backend_pid
-            AND l.objsubid = 1
+           JOIN pg_locks l ON l.locktype = 'advisory' AND l.granted
+            AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
             AND l.classid = ((r.key >> 32) & 4294967295)::oid
             AND l.objid = (r.key & 4294967295)::oid
+            AND l.objsubid = 1
+            AND l.pid = r.backend_pid
           WHERE r.name = :'name'`,
         { name },
       );
