@@ -175,13 +175,20 @@ class RunLock implements Lock {
     // Loss is an event: watch the directory where that keeps nothing alive,
     // and check on an unref'd timer.
     const check = () => this.#check();
-    const unwatch = p.watchDir(target.pinned.prefix, (name) => {
-      if (name === target.name) check();
-    }, false);
-    if (unwatch) this.#stop.push(unwatch);
     if (checkInterval > 0) {
       this.#stop.push(p.unrefInterval(check, checkInterval));
     }
+    // The watch starts once the event loop turns, not here: a lock taken
+    // and released in one synchronous stretch (a CLI, a tight loop) pays
+    // for no watcher, and leaves none waiting to be freed.
+    this.#stop.push(p.unrefLater(() => {
+      if (this.#handle === undefined) return;
+      const unwatch = p.watchDir(target.pinned.prefix, (name) => {
+        if (name === target.name) check();
+      }, false);
+      if (unwatch) this.#stop.push(unwatch);
+      check(); // anything that happened before the watch began
+    }));
   }
 
   get signal(): AbortSignal {
@@ -279,11 +286,9 @@ class RunLock implements Lock {
     handle.close();
     target.pinned.close();
     if (lost !== undefined) {
-      // A loss that the watch had not reported yet happened while held:
-      // report it on the signal too.
-      const error = this.#lost.signal.reason instanceof LockLostError
-        ? this.#lost.signal.reason
-        : new LockLostError(this.path, this.pid, lost);
+      // Say what release finds now; a loss the watch had not reported yet
+      // happened while held, so the signal reports it too.
+      const error = new LockLostError(this.path, this.pid, lost);
       if (!this.#lost.signal.aborted) this.#lost.abort(error);
       throw error;
     }

@@ -157,7 +157,10 @@ describe("a symlinked parent directory re-pointed while the lock is held", () =>
       console.log(
         `pinning race: ${enters} critical sections, ${flips.flips} flips`,
       );
-      assert.ok(Number(flips.flips) > 1000, "the symlink really moved");
+      assert.ok(
+        Number(flips.flips) > 100,
+        `the symlink really moved: ${flips.flips}`,
+      );
       assert.deepEqual(overlaps(lines), [], "no two runs in one directory");
       assert.deepEqual(
         lines.filter((l) => !/^(enter|exit) /.test(l)),
@@ -224,8 +227,8 @@ print(json.dumps({"event": "done", "exchanges": n}), flush=True)
           } critical sections, ${done.exchanges} exchanges`,
         );
         assert.ok(
-          Number(done.exchanges) > 1000,
-          "the directories really moved",
+          Number(done.exchanges) > 100,
+          `the directories really moved: ${done.exchanges}`,
         );
         assert.deepEqual(
           lines.filter((l) => !/^(enter|exit) /.test(l)),

@@ -145,6 +145,7 @@ describe("lock.signal", () => {
       const path = join(dir, "run.lock");
       const before = runtime === "deno" ? 0 : inotifyWatches();
       const lock = await acquire(path, { checkInterval: 20 });
+      await delay(20); // the watch starts once the event loop turns
       if (runtime !== "deno") {
         assert.equal(inotifyWatches(), before + 1, "the directory is watched");
       }
@@ -195,6 +196,7 @@ describe("lock.signal", () => {
       }
       assert.deepEqual(readdirSync(dir), []);
       const lock = await acquire(path, { checkInterval: 0 });
+      await delay(20); // past the first look, once the event loop turned
       unlinkSync(path);
       await delay(100);
       // Under Deno nothing watches (a watch would keep the process alive),

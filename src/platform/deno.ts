@@ -252,11 +252,18 @@ export const platform: Platform = {
     }
     try {
       identityCache.pidns =
-        /^pid:\[(\d+)\]$/.exec(Deno.readLinkSync("/proc/self/ns/pid"))?.[1] ?? "";
+        /^pid:\[(\d+)\]$/.exec(Deno.readLinkSync("/proc/self/ns/pid"))?.[1] ??
+          "";
     } catch {
       // No /proc.
     }
     return identityCache;
+  },
+
+  unrefLater(fn: () => void, ms = 0): () => void {
+    const timer = setTimeout(fn, ms);
+    Deno.unrefTimer(timer);
+    return () => clearTimeout(timer);
   },
 
   unrefInterval(fn: () => void, ms: number): () => void {

@@ -429,14 +429,21 @@ export const platform: Platform = {
         // Not Linux, or no /proc.
       }
       try {
-        pidns = /^pid:\[(\d+)\]$/.exec(readlinkSync("/proc/self/ns/pid"))?.[1] ??
-          "";
+        pidns =
+          /^pid:\[(\d+)\]$/.exec(readlinkSync("/proc/self/ns/pid"))?.[1] ??
+            "";
       } catch {
         // Not Linux, or no /proc.
       }
       identityCache = { boot, pidns };
     }
     return identityCache;
+  },
+
+  unrefLater(fn: () => void, ms = 0): () => void {
+    const timer = setTimeout(fn, ms);
+    timer.unref();
+    return () => clearTimeout(timer);
   },
 
   unrefInterval(fn: () => void, ms: number): () => void {

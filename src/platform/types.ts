@@ -124,6 +124,12 @@ export interface Platform {
    */
   unrefInterval(fn: () => void, ms: number): () => void;
   /**
+   * Calls `fn` once after `ms` milliseconds (0 by default: once the event
+   * loop turns), on a timer that never keeps the process alive, unless the
+   * returned function is called first.
+   */
+  unrefLater(fn: () => void, ms?: number): () => void;
+  /**
    * `kill(pid, 0)`, answered without ever prompting for a permission. The
    * core only asks about valid PIDs (1 to 2^31-1) of other processes.
    */
