@@ -434,7 +434,10 @@ describe("postgres backend", { skip: !hasServer }, () => {
     const info = await locks.inspect(victim);
     assert.equal(info.state, "invalid");
     assert.match(info.reason ?? "", /collides with/);
-    await assert.rejects(locks.held(victim), KeyCollisionError);
+    await assert.rejects(
+      locks.held(victim),
+      (e) => e instanceof KeyCollisionError && e.other === other,
+    );
 
     // The colliding name held live (by hand: a session holding the key).
     const hand = psqlSession(url);

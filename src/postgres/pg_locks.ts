@@ -1056,15 +1056,19 @@ class PgLocksImpl implements PgLocks {
   }
 
   async inspect(name: string): Promise<PgInspection> {
+    return (await this.#inspect(name)).info;
+  }
+
+  async #inspect(name: string): Promise<Found> {
     checkName(name, "inspect the lock");
     const key = keyOf(name);
     for (let attempt = 0;; attempt++) {
       const session = await this.#probeSession(name);
       try {
-        return (await this.#find(session, name, key, lockTagOf(key))).info;
+        return await this.#find(session, name, key, lockTagOf(key));
       } catch (err) {
         // No table: nothing was ever locked in this schema.
-        if (sqlState(err) === "42P01") return interpret(name, key, {}).info;
+        if (sqlState(err) === "42P01") return interpret(name, key, {});
         // The probe session may have died while idle: one more try.
         if (attempt === 0 && session.lost !== undefined) continue;
         throw this.refused(name, "inspect the lock", err);
@@ -1082,14 +1086,9 @@ class PgLocksImpl implements PgLocks {
   }
 
   async #checked(name: string): Promise<PgInspection> {
-    const info = await this.inspect(name);
+    const { info, other } = await this.#inspect(name);
     if (info.state === "invalid") {
-      const other = /^collides with (".*")/.exec(info.reason ?? "");
-      throw new KeyCollisionError(
-        name,
-        other ? JSON.parse(other[1]) : "(unknown)",
-        keyOf(name),
-      );
+      throw new KeyCollisionError(name, other ?? "(unknown)", keyOf(name));
     }
     return info;
   }
