@@ -499,13 +499,11 @@ function removeStale(target: Target, ours: FileInfo): Verdict {
   // We hold LOCK_EX on this inode and every participant unlinks only under
   // that lock, after this same check, through the same pinned directory,
   // so a fresh lock is never deleted.
-  if (sameFile(p.lstat(target.file), ours)) {
-    try {
-      p.unlink(target.file);
-    } catch (err) {
-      if (errnoOf(err) !== "ENOENT") {
-        throw mapError(err, target.path, "cannot remove the stale lock");
-      }
+  try {
+    if (sameFile(p.lstat(target.file), ours)) p.unlink(target.file);
+  } catch (err) {
+    if (errnoOf(err) !== "ENOENT") {
+      throw mapError(err, target.path, "cannot remove the stale lock");
     }
   }
   return TOOK_OVER;
@@ -572,6 +570,11 @@ function contend(target: Target): Verdict {
     // "held by a dead pid". `kill` is only a second opinion here.
     const sure = pid === 0 || liveness(pid) !== "dead";
     return { kind: "held", held: { pid, host, started }, sure };
+  } catch (err) {
+    // A failed fstat, flock, read or lstat of the file we found: a typed
+    // error that names the file and the action (HeldError and the other
+    // typed errors pass through as they are).
+    throw mapError(err, target.path, "cannot read the lock file");
   } finally {
     handle.close();
   }
