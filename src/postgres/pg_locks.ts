@@ -630,14 +630,16 @@ class PgLocksImpl implements PgLocks {
     this.#config = {
       url,
       connectTimeout: o.connectTimeout,
-      // Startup-packet settings: per session, no server change, and they
-      // win over ALTER ROLE/DATABASE SET (a client setting has higher
-      // priority; PostgreSQL manual §20.1.4). Keepalives and
-      // tcp_user_timeout make the server drop a vanished client in
-      // seconds (§20.3.1). No statement_timeout (a wait is one long
-      // statement), no lock_timeout outside our waits, and no
-      // idle_session_timeout (PostgreSQL 14+): an idle holder's session is
-      // the lock.
+      // Startup-packet settings ("options", as libpq's PGOPTIONS; PostgreSQL
+      // manual §20.1.4 "Parameter Interaction via the Shell"): per session,
+      // no server change, and they win over ALTER ROLE/DATABASE ... SET
+      // (tested: a database with statement_timeout and
+      // idle_session_timeout set neither cuts a wait nor ends an idle
+      // holder). Keepalives and tcp_user_timeout make the server drop a
+      // vanished client in seconds (§20.3.1 "Connection Settings"). No
+      // statement_timeout (a wait is one long statement), no lock_timeout
+      // outside our waits, and no idle_session_timeout (PostgreSQL 14+):
+      // an idle holder's session is the lock.
       settings: {
         tcp_keepalives_idle: String(o.keepalivesIdle),
         tcp_keepalives_interval: String(o.keepalivesInterval),
