@@ -26,6 +26,7 @@ import {
   formatRecord,
   MAX_PID,
   MAX_RECORD_BYTES,
+  parsePid,
   parseRecord,
   recordHead,
 } from "./record.ts";
@@ -299,6 +300,18 @@ export function inodeKey(id: FileInfo): string {
 export const heldHere = new Map<string, Date>();
 
 const encoder = new TextEncoder();
+const decoder = new TextDecoder();
+
+const MARKER_LINE = /^runlock [1-9][0-9]{0,8}\r?$/;
+
+/** Whether the first bytes of a file hold the runlock marker on line 2. */
+function headHasMarker(head: Uint8Array): boolean {
+  const text = decoder.decode(head);
+  const first = text.indexOf("\n");
+  const second = text.indexOf("\n", first + 1);
+  return first >= 0 && second > first &&
+    MARKER_LINE.test(text.slice(first + 1, second));
+}
 
 // Temp names: a random 32-bit prefix per process and a counter, so that a
 // name costs no system call and no random draw on the hot path, and other
@@ -698,7 +711,11 @@ export function runSync<T>(steps: Generator<number, T, void>): T {
  * holder. `file` is the path to open (the pinned file while acquiring, the
  * caller's path otherwise); `lp` names it in errors.
  */
-export function probe(lp: LockPath, file: string = lp.path): Probe {
+export function probe(
+  lp: LockPath,
+  file: string = lp.path,
+  whole = true,
+): Probe {
   const result: Probe = {
     state: "free",
     pid: 0,
@@ -735,7 +752,19 @@ export function probe(lp: LockPath, file: string = lp.path): Probe {
   }
   try {
     const locked = !handle.tryLock(false);
-    if (!locked) handle.unlock();
+    if (locked && !whole) {
+      // held(): every record under a held flock is held; only the takeover
+      // rule needs the PID, which is on line 1 (before the marker on line 2).
+      const head = handle.readAll(32);
+      result.state = "held";
+      result.pid = parsePid(
+        decoder.decode(head.subarray(0, head.indexOf(10) >>> 0)),
+      );
+      result.racing = result.pid > 0 && headHasMarker(head) &&
+        liveness(result.pid) === "dead";
+      return result;
+    }
+    // Closing drops a shared lock: no unlock needed.
     const record = parseRecord(handle.readAll(MAX_RECORD_BYTES + 1));
     switch (record.kind) {
       case "runlock":
@@ -787,12 +816,13 @@ export const RACING_SLEEPS = [0, 1, 2, 4, 8, 16, 32, 64, 128];
  */
 export function* probeSteps(
   lp: LockPath,
+  whole = true,
 ): Generator<number, Probe, void> {
-  let found = probe(lp);
+  let found = probe(lp, lp.path, whole);
   for (const ms of RACING_SLEEPS) {
     if (!found.racing) return found;
     yield ms;
-    found = probe(lp);
+    found = probe(lp, lp.path, whole);
   }
   return found;
 }

@@ -150,17 +150,28 @@ export function toInspection(path: string, found: Probe): Inspection {
  * ```
  */
 export async function inspect(path: string): Promise<Inspection> {
-  const lp = lockPath(path, "inspect the lock");
-  // A dead PID under a held flock is a takeover in progress: look again, as
-  // acquire does, rather than report the dead PID as the live holder.
-  const steps = probeSteps(lp);
+  return toInspection(path, await look(path, "inspect the lock", true));
+}
+
+/**
+ * Probes `path`, looking again while a dead PID sits under a held flock (a
+ * takeover in progress), as acquire does, rather than report the dead PID as
+ * the live holder. `whole: false` skips reading the record when the flock
+ * says held (all `held()` needs).
+ */
+async function look(
+  path: string,
+  action: string,
+  whole: boolean,
+): Promise<Probe> {
+  const steps = probeSteps(lockPath(path, action), whole);
   let step = steps.next();
   while (!step.done) {
     const ms = step.value;
     await new Promise((resolve) => setTimeout(resolve, ms));
     step = steps.next();
   }
-  return toInspection(path, step.value);
+  return step.value;
 }
 
 /**
@@ -185,11 +196,11 @@ export async function inspect(path: string): Promise<Inspection> {
  * ```
  */
 export async function held(path: string): Promise<boolean> {
-  const info = await inspect(path);
-  if (info.state === "invalid") {
-    throw new InvalidLockFileError(path, info.reason ?? "is invalid");
+  const found = await look(path, "inspect the lock", false);
+  if (found.state === "invalid") {
+    throw new InvalidLockFileError(path, found.reason ?? "is invalid");
   }
-  return info.state === "held";
+  return found.state === "held";
 }
 
 /**

@@ -9,8 +9,6 @@
  * @module
  */
 
-import { closeSync, constants as fsc, openSync } from "node:fs";
-import { basename, join } from "node:path";
 import {
   type Dir,
   type FileInfo,
@@ -53,6 +51,14 @@ function sysError(err: unknown, syscall: string, path: string): SysError {
   });
 }
 
+// No node: imports in this file: the first one makes Deno load its Node
+// compatibility layer, which adds about 15 ms to every program's start.
+
+/** The last component of a path. */
+function basename(path: string): string {
+  return path.slice(path.lastIndexOf("/") + 1);
+}
+
 /** The directory part of a path; node:path's dirname is slow on the hot path. */
 function parent(path: string): string {
   const slash = path.lastIndexOf("/");
@@ -91,7 +97,7 @@ const granted = new Set<string>();
 function need(name: "read" | "write", dir: string, syscall: string): void {
   if (hasAllAccess()) return;
   // Deno.cwd() needs no permission and never prompts.
-  const abs = dir.startsWith("/") ? dir : join(Deno.cwd(), dir);
+  const abs = dir.startsWith("/") ? dir : `${Deno.cwd()}/${dir}`;
   const key = `${name}:${abs}`;
   if (granted.has(key)) return;
   const { state } = Deno.permissions.querySync({ name, path: abs });
@@ -128,6 +134,7 @@ const LINUX = Deno.build.os === "linux";
 class DenoHandle implements Handle {
   #file: Deno.FsFile;
   #path: string;
+  #fresh = true;
 
   constructor(file: Deno.FsFile, path: string) {
     this.#file = file;
@@ -160,6 +167,7 @@ class DenoHandle implements Handle {
   }
 
   write(data: Uint8Array): void {
+    this.#fresh = false;
     try {
       let done = 0;
       while (done < data.length) {
@@ -172,13 +180,17 @@ class DenoHandle implements Handle {
 
   readAll(max: number): Uint8Array {
     try {
-      this.#file.seekSync(0, Deno.SeekMode.Start);
+      // A fresh descriptor is at offset 0: no seek.
+      if (!this.#fresh) this.#file.seekSync(0, Deno.SeekMode.Start);
+      this.#fresh = false;
       const buf = new Uint8Array(max);
       let len = 0;
       while (len < max) {
         const n = this.#file.readSync(buf.subarray(len));
         if (n === null || n === 0) break;
         len += n;
+        // A regular file reads short only at its end: no second read.
+        if (len < max) break;
       }
       return buf.subarray(0, len);
     } catch (err) {
@@ -328,27 +340,12 @@ export const platform: Platform = {
   },
 
   openDir(path: string): Dir {
-    if (LINUX && hasAllAccess()) {
-      // node:fs gives a real descriptor under Deno; O_PATH reads nothing.
-      let fd: number;
-      try {
-        fd = openSync(path, 0o10000000 | fsc.O_DIRECTORY);
-      } catch (err) {
-        throw sysError(err, "open", path);
-      }
-      return {
-        prefix: `/proc/self/fd/${fd}`,
-        byDescriptor: true,
-        close: () => {
-          try {
-            closeSync(fd);
-          } catch {
-            // Gone either way.
-          }
-        },
-      };
-    }
-    // Scoped permissions: the canonical path, resolved once.
+    // Deno can name a directory descriptor only through node:fs (which
+    // costs every program the start-up of Deno's Node layer) and
+    // /proc/self/fd (which it allows only with all permissions): so the
+    // canonical path, resolved once. Re-pointed symlinks, `..` and chdir
+    // cannot move the lock; an exchange of real directories between two
+    // calls could (PROTOCOL.md, "Pinning the directory").
     need("read", path, "realpath");
     let real: string;
     try {
