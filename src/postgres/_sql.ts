@@ -8,9 +8,11 @@
 //   [explicit]  §13.3.5 Advisory Locks
 //   [pglocks]   §54.12 pg_locks (advisory keys: classid = high half,
 //               objid = low half, objsubid = 1 for a bigint key)
-//   [upsert]    INSERT, "ON CONFLICT Clause"
+//   [upsert]    §13.2.1 Read Committed Isolation Level (INSERT ... ON
+//               CONFLICT DO UPDATE), and INSERT, "ON CONFLICT Clause"
 //   [with]      §7.8.4 Data-Modifying Statements in WITH
 //   [cancel]    §55.2.8 Canceling Requests in Progress
+//   [stats]     §28.2.3 pg_stat_activity (backend_xmin)
 
 /** Double-quotes an identifier (`"a""b"`), for the one thing we cannot bind. */
 export function quoteIdent(name: string): string {
@@ -117,8 +119,9 @@ export function statements(schema: string): Statements {
     // bounds the wait; set_config(..., true) is local to this statement's
     // implicit transaction, so it is gone afterwards. A blocked statement
     // holds a snapshot, which holds back VACUUM's horizon cluster-wide
-    // (pg_stat_activity.backend_xmin), so callers wait in slices of a few
-    // seconds rather than for hours in one statement.
+    // (pg_stat_activity.backend_xmin [stats]; seen here: a blocked
+    // pg_advisory_lock shows a backend_xmin), so callers wait in slices of
+    // a few seconds rather than for hours in one statement.
     waitAcquire: `WITH cfg AS MATERIALIZED (
         SELECT set_config('lock_timeout', $7::text, true)
       ), got AS MATERIALIZED (

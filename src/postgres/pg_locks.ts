@@ -1047,14 +1047,26 @@ class PgLocksImpl implements PgLocks {
     return found!;
   }
 
+  /**
+   * The shared probe session, connected on first use and replaced once
+   * when it died (concurrent probes share the replacement, so none leaks
+   * past end()).
+   */
   async #probeSession(name: string): Promise<Session> {
     const current = this.#probe;
     if (current !== undefined) {
       const session = await current.catch(() => undefined);
       if (session !== undefined && session.lost === undefined) return session;
+      if (this.#probe !== current && this.#probe !== undefined) {
+        return await this.#probeSession(name); // another probe replaced it
+      }
     }
-    this.#probe = this.#connect(name);
-    return await this.#probe;
+    const next = this.#connect(name);
+    this.#probe = next;
+    next.catch(() => {
+      if (this.#probe === next) this.#probe = undefined;
+    });
+    return await next;
   }
 
   async inspect(name: string): Promise<PgInspection> {
