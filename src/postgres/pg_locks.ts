@@ -127,8 +127,12 @@ export interface PgAcquireOptions {
  * While it is held, a heartbeat checks the session every few seconds. If
  * the session ends (server restart, `pg_terminate_backend`, network loss,
  * no heartbeat answer in time), {@linkcode PgLock.signal} aborts with a
- * {@linkcode LockLostError} at once: stop the work. Another process may
- * already hold the lock, which is what {@linkcode PgLock.fence} is for.
+ * {@linkcode LockLostError} at once: stop the work. With the default
+ * settings it aborts before the server can hand the lock to anyone else,
+ * as long as this process's event loop runs: a process that blocks it (or
+ * is paused) longer than the server's keepalive time can learn late. That,
+ * and work already in flight, is what {@linkcode PgLock.fence} is for:
+ * another process may already hold the lock.
  *
  * @example Stopping the work when the lock is lost
  * ```ts
