@@ -742,8 +742,17 @@ describe("postgres backend", { skip: !hasServer }, () => {
     }
   });
 
-  test("the table is created on first use in the chosen schema, by several first users at once", async () => {
+  test("probes of a schema with no table yet read free and create nothing; the table is created on first acquire, by several first users at once", async () => {
     const schema = `rl_fresh_${process.pid}_${Date.now().toString(36)}`;
+    // Probes before any acquire: free, and they create nothing.
+    await using probe = pgLocks(url, { schema });
+    assert.equal((await probe.inspect("n0")).state, "free");
+    assert.equal(await probe.held("n0"), false);
+    assert.deepEqual(await probe.activePid("n0"), { pid: 0, alive: false });
+    assert.equal(
+      psql(url, `SELECT to_regnamespace(:'schema') IS NULL`, { schema }),
+      "t",
+    );
     const objects = Array.from({ length: 6 }, () => pgLocks(url, { schema }));
     const locks = await Promise.all(
       objects.map((o, i) => o.acquire(`n${i}`)),
@@ -755,8 +764,10 @@ describe("postgres backend", { skip: !hasServer }, () => {
       ),
       "6",
     );
+    assert.equal((await probe.inspect("n0")).state, "held");
     for (const lock of locks) await lock.release();
     for (const o of objects) await o.end();
+    assert.equal((await probe.inspect("n0")).state, "free");
   });
 });
 

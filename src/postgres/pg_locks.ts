@@ -1083,9 +1083,23 @@ class PgLocksImpl implements PgLocks {
     for (let attempt = 0;; attempt++) {
       const session = await this.#probeSession(name);
       try {
+        if (!this.#tableReady) {
+          // Until the table exists, ask first rather than let the inspect
+          // statement fail: each failure is an ERROR line in the server's
+          // log, and a status command may poll.
+          const rows = await session.query(
+            `SELECT to_regclass($1) IS NOT NULL AS table`,
+            [this.sql.table],
+            undefined,
+            false,
+            this.statementTimeout,
+          );
+          if (rows[0].table !== true) return interpret(name, key, {});
+          this.#tableReady = true;
+        }
         return await this.#find(session, name, key, lockTagOf(key));
       } catch (err) {
-        // No table: nothing was ever locked in this schema.
+        // No table (dropped since we looked): nothing is locked here.
         if (sqlState(err) === "42P01") return interpret(name, key, {});
         // The probe session may have died while idle: one more try.
         if (attempt === 0 && session.lost !== undefined) continue;
