@@ -38,10 +38,8 @@ let clientClass: Promise<ClientClass> | undefined;
  * build --compile` still bundle it.
  */
 function loadClient(): Promise<ClientClass> {
-  // Until deno.json maps "pg" to "npm:pg@8.23.1" (an integration request
-  // in the PostgreSQL backend's hand-off notes); then `import("pg")`.
-  // deno-lint-ignore no-import-prefix
-  clientClass ??= import("npm:pg@8.23.1").then((m) =>
+  // "pg" is npm:pg@8.23.1, pinned in deno.json (and package.json on npm).
+  clientClass ??= import("pg").then((m) =>
     ((m.default ?? m) as { Client: ClientClass }).Client
   );
   return clientClass;
