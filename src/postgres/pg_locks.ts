@@ -9,9 +9,9 @@ import { hostname } from "node:os";
 import process from "node:process";
 import { clearInterval, setInterval, setTimeout } from "node:timers";
 import { ContendedError, HeldError, RunlockError } from "../errors.ts";
+import { checkMeta } from "../meta.ts";
 import { granted } from "./_deno.ts";
 import { keyOf, lockTagOf } from "./_key.ts";
-import { checkMeta } from "./_meta.ts";
 import {
   describe,
   isSessionError,
