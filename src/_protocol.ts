@@ -97,6 +97,8 @@ export interface Probe {
   pidns: string;
   /** The record's user fields. */
   meta: { [key: string]: string };
+  /** With `racing`: the PID lives elsewhere, so `kill` could not judge it. */
+  far: boolean;
   /**
    * `held`, but by a PID that is provably dead: a peer in the microseconds
    * of a takeover (or a tool such as flock(1) on a crashed run's file).
@@ -148,6 +150,12 @@ const LOCK_UNSUPPORTED = new Set([
   "EINVAL",
 ]);
 
+// What probes do: they need read access only.
+const PROBE_ACTIONS = new Set([
+  "cannot read the lock file",
+  "cannot list the directory",
+]);
+
 /** Maps a failed system call to one of runlock's typed errors. */
 export function mapError(err: unknown, path: string, action: string): Error {
   if (err instanceof RunlockError) return err;
@@ -159,10 +167,16 @@ export function mapError(err: unknown, path: string, action: string): Error {
   const dir = lockPath(path, "name the lock").dir;
   const { code, syscall } = err;
   if (code === "NOTCAPABLE") {
+    // The directory Deno wants a grant for: the real one, where the path
+    // goes through a symlink. Probes need read access only.
+    const where = err.grant?.replace(/^--allow-\w+=/, "") ?? dir;
+    const grant = PROBE_ACTIONS.has(action)
+      ? `--allow-read=${where}`
+      : `--allow-read=${where} --allow-write=${where}`;
     return new LockPermissionError(
       path,
       action,
-      `run Deno with --allow-read=${dir} --allow-write=${dir} (runlock never prompts)`,
+      `run Deno with ${grant} (runlock never prompts)`,
       { cause: err },
     );
   }
@@ -280,6 +294,19 @@ function liveness(pid: number): Liveness {
 function foreignAlive(pid: number): boolean {
   if (pid === p.pid) return false;
   return liveness(pid) !== "dead";
+}
+
+/**
+ * Whether a record's PID lives where it cannot mean a process of ours: it
+ * names another host, boot or PID namespace than this process's (each only
+ * when both sides know it). Such a PID cannot be checked with `kill` here.
+ */
+function elsewhere(record: { host: string; boot: string; pidns: string }) {
+  const host = p.hostname();
+  const { boot, pidns } = p.identity();
+  return (record.host !== "" && host !== "" && record.host !== host) ||
+    (record.boot !== "" && boot !== "" && record.boot !== boot) ||
+    (record.pidns !== "" && pidns !== "" && record.pidns !== pidns);
 }
 
 function sameFile(a: FileInfo | null, b: FileInfo): boolean {
@@ -424,8 +451,15 @@ function createTemp(
     }
     const id = handle.stat();
     // The umask may have taken bits away (077 makes it 0600, which other
-    // users' probes could not read): set the mode we promise.
-    if (id.mode !== mode) handle.chmod(mode);
+    // users' probes could not read): set the mode we promise, where that is
+    // safe (see the Deno platform's chmod).
+    if (id.mode !== mode) {
+      try {
+        handle.chmod(mode);
+      } catch (err) {
+        if (errnoOf(err) !== "EUNSAFE") throw err;
+      }
+    }
     const started = new Date();
     handle.write(
       encoder.encode(formatRecord(recordHeadHere(), started, p.runtime, extra)),
@@ -578,10 +612,23 @@ function contend(target: Target): Verdict {
       : 0;
     const host = record.kind === "runlock" ? record.host : "";
     const started = record.kind === "runlock" ? record.started : undefined;
+    const far = record.kind === "runlock" && elsewhere(record);
+    if (record.kind === "runlock" && pid === p.pid && !far) {
+      // Our own PID holds it, but not through this copy of runlock: another
+      // copy in this process (an ES module and a CommonJS build both
+      // loaded, a worker). Waiting would wait on ourselves.
+      throw new HeldError(target.path, pid, host, {
+        started,
+        byThisProcess: true,
+      });
+    }
     // A dead PID under a held flock is a peer taking over a crashed run's
     // file (it holds LOCK_EX for microseconds): look again before saying
-    // "held by a dead pid". `kill` is only a second opinion here.
-    const sure = pid === 0 || liveness(pid) !== "dead";
+    // "held by a dead pid". `kill` is only a second opinion here, and says
+    // nothing of a PID that lives on another host or in another namespace
+    // (a container sharing the volume): that one may be a live holder or a
+    // crashed one being taken over, so look again too, as briefly.
+    const sure = pid === 0 || (!far && liveness(pid) !== "dead");
     return { kind: "held", held: { pid, host, started }, sure };
   } catch (err) {
     // A failed fstat, flock, read or lstat of the file we found: a typed
@@ -729,6 +776,7 @@ export function probe(
     pidns: "",
     meta: {},
     racing: false,
+    far: false,
   };
   let handle: Handle;
   try {
@@ -760,8 +808,16 @@ export function probe(
       result.pid = parsePid(
         decoder.decode(head.subarray(0, head.indexOf(10) >>> 0)),
       );
-      result.racing = result.pid > 0 && headHasMarker(head) &&
-        liveness(result.pid) === "dead";
+      if (
+        result.pid > 0 && headHasMarker(head) &&
+        liveness(result.pid) === "dead"
+      ) {
+        // Rare: read the whole record to tell a takeover from a holder in
+        // another PID namespace.
+        const record = parseRecord(handle.readAll(MAX_RECORD_BYTES + 1));
+        result.racing = record.kind === "runlock";
+        result.far = record.kind === "runlock" && elsewhere(record);
+      }
       return result;
     }
     // Closing drops a shared lock: no unlock needed.
@@ -777,8 +833,13 @@ export function probe(
         result.pidns = record.pidns;
         result.meta = record.meta;
         result.state = locked ? "held" : "stale";
-        // A dead holder under a held flock: a takeover in progress.
-        result.racing = locked && liveness(record.pid) === "dead";
+        // A dead holder under a held flock: a takeover in progress. A PID
+        // that lives elsewhere (another host, boot or PID namespace) cannot
+        // be asked: maybe a live holder, maybe a takeover; look again
+        // briefly.
+        result.far = locked && elsewhere(record);
+        result.racing = locked &&
+          (result.far || liveness(record.pid) === "dead");
         return result;
       case "foreign":
         result.pid = record.pid;
@@ -819,10 +880,16 @@ export function* probeSteps(
   whole = true,
 ): Generator<number, Probe, void> {
   let found = probe(lp, lp.path, whole);
-  for (const ms of RACING_SLEEPS) {
+  // A PID from elsewhere is most likely a live holder in a container: look
+  // again only as long as a takeover takes, not as long as flock(1) might.
+  const sleeps = found.far ? FAR_SLEEPS : RACING_SLEEPS;
+  for (const ms of sleeps) {
     if (!found.racing) return found;
     yield ms;
     found = probe(lp, lp.path, whole);
   }
   return found;
 }
+
+/** Sleeps (ms) between looks at a held lock whose PID lives elsewhere. */
+const FAR_SLEEPS = [0, 1, 2, 4, 8];

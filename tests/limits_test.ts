@@ -6,6 +6,7 @@ import { spawnSync } from "node:child_process";
 import {
   chmodSync,
   existsSync,
+  mkdirSync,
   readdirSync,
   statSync,
   writeFileSync,
@@ -103,6 +104,47 @@ describe("the lock file's mode", () => {
       assert.equal(statSync(path).mode & 0o777, 0o644);
     } finally {
       await child.kill();
+      cleanup();
+    }
+  });
+
+  test("under umask 077 in a directory others may write to: 0644 where the mode is set on the descriptor (Node, Bun), the umask's 0600 on Deno (chmod by path could be turned against another file); 0644 in a sticky directory everywhere", async () => {
+    const { dir, cleanup } = tempDir();
+    try {
+      const open = join(dir, "open");
+      const sticky = join(dir, "sticky");
+      mkdirSync(open);
+      mkdirSync(sticky);
+      chmodSync(open, 0o777);
+      chmodSync(sticky, 0o1777);
+      for (
+        const [where, expected] of [
+          [open, runtime === "deno" ? 0o600 : 0o644],
+          [sticky, 0o644],
+        ] as const
+      ) {
+        const path = join(where, "run.lock");
+        const [cmd, args] = fixtureCommand("child.ts", ["hold", path]);
+        const child = new Child("", [], undefined, [
+          "sh",
+          "-c",
+          'umask 077 && exec "$@"',
+          "sh",
+          cmd,
+          ...args,
+        ]);
+        try {
+          await child.expect("acquired");
+          assert.equal(
+            (statSync(path).mode & 0o777).toString(8),
+            expected.toString(8),
+            where,
+          );
+        } finally {
+          await child.kill();
+        }
+      }
+    } finally {
       cleanup();
     }
   });

@@ -3,7 +3,7 @@
 // have no permission system, so these tests are skipped there.)
 import assert from "node:assert/strict";
 import { spawnSync } from "node:child_process";
-import { writeFileSync } from "node:fs";
+import { mkdirSync, symlinkSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { describe, test } from "node:test";
 import { Child, deadPid, fixtureCommand, tempDir } from "./_helpers.ts";
@@ -115,4 +115,64 @@ describe("Deno permissions", { skip: !isDeno }, () => {
       cleanup();
     }
   });
+
+  test("--allow-all with a --deny of something unrelated (a partial grant) still takes the lock", async () => {
+    const { dir, cleanup } = tempDir();
+    try {
+      const child = new Child("child.ts", ["try", join(dir, "run.lock")], [
+        "--allow-all",
+        "--deny-net=169.254.169.254",
+      ]);
+      await child.expect("acquired");
+    } finally {
+      cleanup();
+    }
+  });
+
+  test("through a symlinked directory, the hint names the real directory that needs the grant; a probe's hint asks only for read", () => {
+    const { dir, cleanup } = tempDir();
+    try {
+      const real = join(dir, "releases", "1");
+      mkdirSync(real, { recursive: true });
+      symlinkSync(real, join(dir, "current"));
+      const path = join(dir, "current", "run.lock");
+      const current = join(dir, "current");
+      const tried = underTerminal(["try", path], [
+        `--allow-read=${current}`,
+        `--allow-write=${current}`,
+      ]);
+      assert.equal(tried.name, "LockPermissionError", JSON.stringify(tried));
+      assert.match(String(tried.message), new RegExp(`--allow-write=${real}`));
+      const probed = underTerminal(
+        ["probe", join(dir, "elsewhere", "x.lock")],
+        [],
+      );
+      assert.equal(probed.name, "LockPermissionError", JSON.stringify(probed));
+      assert.match(String(probed.message), /--allow-read=\//);
+      assert.doesNotMatch(String(probed.message), /--allow-write=/);
+    } finally {
+      cleanup();
+    }
+  });
 });
+
+/**
+ * Runs child.ts under a pseudo-terminal (where Deno would prompt, and hang,
+ * if runlock ever called an op it has no grant for) and returns its last
+ * event.
+ */
+function underTerminal(
+  args: string[],
+  flags: string[],
+): Record<string, unknown> {
+  const [cmd, argv] = fixtureCommand("child.ts", args, flags);
+  const line = [cmd, ...argv].map((a) => `'${a}'`).join(" ");
+  const result = spawnSync("script", ["-qec", line, "/dev/null"], {
+    encoding: "utf8",
+    timeout: 20_000,
+    input: "",
+  });
+  assert.equal(result.error, undefined, "the child did not hang on a prompt");
+  assert.doesNotMatch(result.stdout, /Deno requests/);
+  return JSON.parse(result.stdout.trim().split(/\r?\n/).pop()!);
+}

@@ -81,7 +81,7 @@ describe("probes", () => {
     try {
       const path = join(dir, "run.lock");
       const dead = deadPid();
-      writeFileSync(path, `${dead}\nrunlock 1\nhost=gone\n`);
+      writeFileSync(path, `${dead}\nrunlock 1\n`);
       // flock(1) stands for a taker: LOCK_EX on the crashed run's file for a
       // moment, then the file is gone (a real taker unlinks it and links its
       // own; here nobody follows, so the answer is "free").

@@ -14,6 +14,7 @@ import {
   HeldError,
   inspect,
 } from "../mod.ts";
+import { Worker } from "node:worker_threads";
 import { tempDir } from "./_helpers.ts";
 
 describe("a plain pidfile naming this process's own pid", () => {
@@ -100,6 +101,41 @@ describe("acquiring a lock this process already holds", () => {
       assert.throws(() => acquireSync("run.lock"), bySelf(lock.acquiredAt));
     } finally {
       process.chdir(cwd);
+      cleanup();
+    }
+  });
+});
+
+describe("another copy of runlock in the same process", () => {
+  test("a worker thread acquiring a lock its process holds fails at once as held by this process, even with timeout Infinity", async () => {
+    const { dir, cleanup } = tempDir();
+    try {
+      const path = join(dir, "run.lock");
+      await using lock = await acquire(path);
+      const ext = import.meta.url.endsWith(".ts") ? ".ts" : ".js";
+      const worker = new Worker(
+        new URL(`./fixtures/reentry_worker${ext}`, import.meta.url),
+        { workerData: { path, timeout: Infinity } },
+      );
+      try {
+        const answer = await new Promise<Record<string, unknown>>(
+          (resolve, reject) => {
+            worker.once("message", resolve);
+            worker.once("error", reject);
+          },
+        );
+        assert.equal(answer.event, "held", JSON.stringify(answer));
+        assert.equal(answer.byThisProcess, true);
+        assert.equal(answer.pid, process.pid);
+        assert.match(
+          String(answer.message),
+          /this process \(pid \d+\) already holds it/,
+        );
+        assert.equal(lock.isOwned(), true);
+      } finally {
+        await worker.terminate();
+      }
+    } finally {
       cleanup();
     }
   });

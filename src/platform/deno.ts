@@ -65,11 +65,11 @@ function parent(path: string): string {
   return slash < 0 ? "." : slash === 0 ? "/" : path.slice(0, slash);
 }
 
-// Whether every permission is granted without scope (`--allow-all`, or all
-// the flags): Deno then lets us name a directory descriptor through
-// /proc/self/fd, which it refuses with anything less ("Requires all
-// access"), so that is the only case in which the lock's directory can be
-// pinned by descriptor. Asked once per process.
+// Whether every permission is granted without scope and without a --deny
+// (`--allow-all`, or every flag): permission checks can then be skipped,
+// and /proc may be read (Deno refuses /proc paths with anything less:
+// "Requires all access"). Asked once per process: a program that revokes a
+// permission at run time after its first lock may meet a prompt.
 let allAccess: boolean | undefined;
 const ALL = ["read", "write", "net", "env", "sys", "run", "ffi", "import"];
 
@@ -77,8 +77,10 @@ function hasAllAccess(): boolean {
   if (allAccess === undefined) {
     allAccess = ALL.every((name) => {
       try {
-        return Deno.permissions.querySync({ name } as Deno.PermissionDescriptor)
-          .state === "granted";
+        const status = Deno.permissions.querySync(
+          { name } as Deno.PermissionDescriptor,
+        );
+        return status.state === "granted" && !status.partial;
       } catch {
         return false;
       }
@@ -88,11 +90,13 @@ function hasAllAccess(): boolean {
 }
 
 // Permission answers that were "granted", per "read:/abs/dir". Only grants
-// are cached, and only for absolute paths: a relative directory means
-// another one after a chdir, and asking Deno about a path we have no grant
-// for is what would prompt. A refusal is asked again, since a grant may
-// follow.
+// are cached, and only by absolute path: a relative directory means another
+// one after a chdir, and calling an op on a path we have no grant for is
+// what would prompt. A refusal is asked again, since a grant may follow.
+// Bounded: a server that locks a new directory per job must not grow
+// without end (forgetting costs one more query).
 const granted = new Set<string>();
+const MAX_GRANTED = 4096;
 
 function need(name: "read" | "write", dir: string, syscall: string): void {
   if (hasAllAccess()) return;
@@ -105,9 +109,11 @@ function need(name: "read" | "write", dir: string, syscall: string): void {
     throw new SysError(
       "NOTCAPABLE",
       syscall,
-      `${syscall} '${dir}': requires --allow-${name}=${dir}`,
+      `${syscall} '${abs}': requires --allow-${name}=${abs}`,
+      { grant: `--allow-${name}=${abs}` },
     );
   }
+  if (granted.size >= MAX_GRANTED) granted.clear();
   granted.add(key);
 }
 
@@ -207,9 +213,25 @@ class DenoHandle implements Handle {
   }
 
   chmod(mode: number): void {
-    // Deno.FsFile has no fchmod. The path names our own fresh temp file in
-    // the pinned directory, created with O_EXCL and flocked by us.
+    // Deno.FsFile has no fchmod, and chmod(2) by path follows a symlink: if
+    // someone else could replace our fresh temp file with a symlink to, say,
+    // /etc/shadow, we would change that file's mode. So only where nobody
+    // but us (and root) can replace entries of the directory: it is ours or
+    // root's, and not writable by others, or sticky (where only a file's
+    // owner may rename or remove it). Elsewhere the umask's mode stays.
     try {
+      const me = this.#file.statSync().uid;
+      const dir = Deno.statSync(parent(this.#path));
+      const dirMode = dir.mode ?? 0;
+      const owner = dir.uid === me || dir.uid === 0;
+      const closed = (dirMode & 0o022) === 0 || (dirMode & 0o1000) !== 0;
+      if (!owner || !closed) {
+        throw new SysError(
+          "EUNSAFE",
+          "chmod",
+          `chmod '${this.#path}': others may replace files in the directory`,
+        );
+      }
       Deno.chmodSync(this.#path, mode);
     } catch (err) {
       throw sysError(err, "chmod", this.#path);

@@ -156,17 +156,20 @@ export class SysError extends Error {
   readonly code: string;
   /** The system call. */
   readonly syscall: string;
+  /** For `NOTCAPABLE`: the Deno flag that would grant it. */
+  readonly grant: string | undefined;
 
   /** Builds the error. */
   constructor(
     code: string,
     syscall: string,
     message: string,
-    options?: ErrorOptions,
+    options?: ErrorOptions & { grant?: string },
   ) {
     super(message, options);
     this.name = "SysError";
     this.code = code;
     this.syscall = syscall;
+    this.grant = options?.grant;
   }
 }
