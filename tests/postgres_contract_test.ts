@@ -174,6 +174,22 @@ for (const backend of [fileBackend(), pgBackend()]) {
       }
     });
 
+    test("locks are not reentrant: acquiring a lock this process holds fails at once with HeldError (byThisProcess), even with a timeout", async () => {
+      const name = backend.fresh();
+      await using lock = await backend.acquire(name);
+      const t0 = performance.now();
+      const err = await backend.acquire(name, { timeout: 10_000 }).catch((e) =>
+        e
+      );
+      assert.ok(err instanceof HeldError, String(err));
+      assert.equal(err.byThisProcess, true);
+      assert.equal(err.pid, process.pid);
+      assert.ok(performance.now() - t0 < 1_000);
+      await lock.release();
+      await using again = await backend.acquire(name);
+      assert.equal(again.pid, process.pid);
+    });
+
     test("await using releases at the end of the block", async () => {
       const name = backend.fresh();
       {

@@ -394,12 +394,12 @@ describe("postgres backend", { skip: !hasServer }, () => {
     },
     async () => {
       const name = unique("silent-waiter");
-      await using a = pgLocks(url);
       await using b = pgLocks(url, {
         heartbeatInterval: 200,
         heartbeatTimeout: 400,
       });
-      await using _lock = await a.acquire(name);
+      const holder = child("hold", url, name);
+      await holder.expect("acquired");
       const t0 = performance.now();
       const waiting = b.acquire(name, { timeout: 1_000 });
       waiting.catch(() => {});
@@ -421,6 +421,7 @@ describe("postgres backend", { skip: !hasServer }, () => {
         assert.ok(took < 3_000, `${took} ms`);
       } finally {
         process.kill(backend, "SIGCONT");
+        await holder.kill();
       }
     },
   );
@@ -590,14 +591,16 @@ describe("postgres backend", { skip: !hasServer }, () => {
 
   test("acquire() with a timeout rejects with HeldError after it, and an aborted wait rejects with the signal's reason and leaves no session waiting", async () => {
     const name = unique("abort");
-    await using a = pgLocks(url);
     await using b = pgLocks(url);
-    await using _lock = await a.acquire(name);
+    const holder = child("hold", url, name);
+    await holder.expect("acquired");
     const t0 = performance.now();
     const timedOut = await b.acquire(name, { timeout: 300 }).catch((e) => e);
     const waited = performance.now() - t0;
     assert.ok(timedOut instanceof HeldError, String(timedOut));
-    assert.equal(timedOut.pid, process.pid);
+    assert.equal(timedOut.pid, holder.pid);
+    assert.equal(timedOut.byThisProcess, false);
+    assert.ok(timedOut.started instanceof Date);
     assert.ok(waited >= 290 && waited < 2_000, `${waited} ms`);
 
     const controller = new AbortController();
@@ -639,6 +642,7 @@ describe("postgres backend", { skip: !hasServer }, () => {
       /meta\.cmd must be one line/,
     );
     await assert.rejects(b.acquire(""), TypeError);
+    await holder.kill();
   });
 
   test("a process that holds a lock, or released it, exits on its own: sessions do not keep it alive", async () => {
@@ -727,15 +731,16 @@ describe("postgres backend", { skip: !hasServer }, () => {
       );
       const name = unique("timeouts");
       await using a = pgLocks(dbUrl);
-      await using b = pgLocks(dbUrl);
       const lock = await a.acquire(name);
-      const waiting = b.acquire(name, { timeout: 5_000 });
+      const waiter = child("hold", dbUrl, name, "5000");
+      await waitersBlocked(url, 1);
       await delay(1_000); // idle holder, waiting waiter: both past every timeout
       assert.equal(await lock.isOwned(), true);
       assert.equal(lock.signal.aborted, false);
       await lock.release();
-      await using next = await waiting;
-      assert.ok(next.fence > lock.fence);
+      const next = await waiter.expect("acquired");
+      assert.ok(BigInt(next.fence as string) > lock.fence);
+      await waiter.kill();
     } finally {
       await delay(50);
       psql(url, `DROP DATABASE ${db} WITH (FORCE)`);

@@ -359,6 +359,8 @@ function hostName(): string {
 interface Target {
   /** `host:port, database "db", user "u"`. */
   text: string;
+  /** `host:port/database`: which locks a name means. */
+  where: string;
   host: string;
   port: string;
   password: string;
@@ -397,11 +399,20 @@ function parseUrl(url: unknown): Target {
     text: `${host}:${port}, database ${JSON.stringify(database)}, user ${
       JSON.stringify(user)
     }`,
+    where: `${host}:${port}/${database}`,
     host,
     port,
     password,
   };
 }
+
+/**
+ * The locks this process holds through any pgLocks object, by server,
+ * database, schema and name, with when each was taken. Locks are not
+ * reentrant (as file locks): acquiring one this process holds fails at
+ * once with HeldError (byThisProcess) instead of waiting on itself.
+ */
+const heldHere = new Map<string, Date>();
 
 /** The URL with its password replaced by `***`, for messages. */
 function redact(url: string): string {
@@ -519,6 +530,7 @@ class PgLockImpl implements PgLock {
   readonly #owner: PgLocksImpl;
   readonly #session: Session;
   readonly #tag: { classid: string; objid: string };
+  readonly #here: string;
   #released = false;
 
   constructor(
@@ -528,18 +540,23 @@ class PgLockImpl implements PgLock {
     row: Record<string, unknown>,
     meta: Record<string, string>,
     tag: { classid: string; objid: string },
+    here: string,
   ) {
     this.#owner = owner;
+    this.#here = here;
     this.#session = session;
     this.path = name;
     this.fence = BigInt(row.fence as string);
     this.acquiredAt = row.started as Date;
     this.meta = Object.freeze({ ...meta });
     this.#tag = tag;
-    const lose = (what: string) =>
+    heldHere.set(here, this.acquiredAt);
+    const lose = (what: string) => {
+      heldHere.delete(here);
       this.#controller.abort(
         new SessionLostError(name, this.pid, what, this.fence),
       );
+    };
     session.onLost = lose;
     owner.startHeartbeat(session);
   }
@@ -571,6 +588,7 @@ class PgLockImpl implements PgLock {
   async release(): Promise<void> {
     if (this.#released) return;
     this.#released = true;
+    heldHere.delete(this.#here);
     const session = this.#session;
     session.stopHeartbeat();
     session.onLost = undefined;
@@ -668,6 +686,10 @@ class PgLocksImpl implements PgLocks {
       this.#options.heartbeatInterval,
       this.#options.heartbeatTimeout,
     );
+  }
+
+  #hereKey(name: string): string {
+    return `${this.#target.where}\0${this.#schema}\0${name}`;
   }
 
   /** A RunlockError for a statement the server refused. */
@@ -821,6 +843,14 @@ class PgLocksImpl implements PgLocks {
     const meta = checkMeta(options?.meta);
     const signal = options?.signal;
     signal?.throwIfAborted();
+    const since = heldHere.get(this.#hereKey(name));
+    if (since !== undefined) {
+      // Waiting would wait on ourselves.
+      throw new HeldError(name, process.pid, hostName(), {
+        started: since,
+        byThisProcess: true,
+      });
+    }
     const deadline = performance.now() + timeout;
     const key = keyOf(name);
     const tag = lockTagOf(key);
@@ -896,6 +926,14 @@ class PgLocksImpl implements PgLocks {
       }
       const remaining = deadline - performance.now();
       if (remaining <= 0) throw heldError(name, found.info);
+      const since = heldHere.get(this.#hereKey(name));
+      if (since !== undefined) {
+        // Another acquire in this process won meanwhile: do not wait on it.
+        throw new HeldError(name, process.pid, hostName(), {
+          started: since,
+          byThisProcess: true,
+        });
+      }
       const waited = await this.#wait(
         session,
         name,
@@ -927,7 +965,15 @@ class PgLocksImpl implements PgLocks {
         `the session ${session.lost} right after taking the lock`,
       );
     }
-    return new PgLockImpl(this, session, name, row, meta, tag);
+    return new PgLockImpl(
+      this,
+      session,
+      name,
+      row,
+      meta,
+      tag,
+      this.#hereKey(name),
+    );
   }
 
   /**
@@ -1146,12 +1192,12 @@ class PgLocksImpl implements PgLocks {
 /** The HeldError for what #find saw. */
 function heldError(name: string, info: PgInspection): HeldError {
   if (info.foreign) {
-    const m = /session (\d+)(?: \(application "(.*)"\))?/.exec(
+    const m = /session \d+(?: \(application "(.*)"\))?/.exec(
       info.reason ?? "",
     );
-    return new ForeignHolderError(name, Number(m?.[1] ?? 0), m?.[2] ?? "");
+    return new ForeignHolderError(name, info.backendPid, m?.[1] ?? "");
   }
-  return new HeldError(name, info.pid, info.host);
+  return new HeldError(name, info.pid, info.host, { started: info.started });
 }
 
 /** Turns the inspect statement's row into an inspection. */
