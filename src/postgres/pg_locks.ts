@@ -815,13 +815,21 @@ class PgLocksImpl implements PgLocks {
       const rows = await session.query(
         `SELECT to_regnamespace($1) IS NOT NULL AS schema, to_regclass($2) IS NOT NULL AS table`,
         [`"${this.#schema.replaceAll('"', '""')}"`, this.sql.table],
+        undefined,
+        false,
+        this.statementTimeout,
       );
       if (rows[0].table === true) return;
       try {
+        // DDL may wait for a concurrent creator's transaction: more time.
         await session.query(
           rows[0].schema === true
             ? this.sql.ensureTable
             : this.sql.ensureSchemaAndTable,
+          [],
+          undefined,
+          false,
+          3 * this.statementTimeout,
         );
       } catch (err) {
         // A multi-statement string stops at the error, inside BEGIN.
