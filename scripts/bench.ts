@@ -39,7 +39,7 @@ import { loadavg, tmpdir } from "node:os";
 import { join } from "node:path";
 import process from "node:process";
 import { createInterface } from "node:readline";
-import { drawChart } from "./bench_chart.ts";
+import { drawChart, formatFiles } from "./bench_chart.ts";
 import { type PostgresSection, postgresSection } from "./bench_postgres.ts";
 import {
   buildPackage,
@@ -680,7 +680,7 @@ function timeCommand(cmd: string[], expect: number): number {
 }
 
 function startup(): void {
-  const samples = QUICK ? 5 : 15;
+  const samples = QUICK ? 5 : 21;
   const cliDir = join(benchDir, "cli");
   mkdirSync(cliDir);
   writeFileSync(join(runDir, "empty.mjs"), "");
@@ -1361,6 +1361,7 @@ const jsonPath = join(OUT, "results.json");
 writeFileSync(jsonPath, JSON.stringify(results, null, 2) + "\n");
 const svgPath = join(OUT, "chart.svg");
 writeFileSync(svgPath, drawChart(results));
+formatFiles([jsonPath, svgPath]);
 log(`wrote ${shown(jsonPath)} and ${shown(svgPath)}`);
 rmSync(benchDir, { recursive: true, force: true });
 if (tmpfsRoot) rmSync(tmpfsRoot, { recursive: true, force: true });

@@ -3,8 +3,11 @@
 // one logarithmic time axis, with each bar's ratio to the C floor of its
 // group. Plain SVG with system fonts: no chart library, no network fonts.
 //
-//   deno run --allow-read --allow-write scripts/bench_chart.ts \
+//   deno run --allow-read --allow-write --allow-run scripts/bench_chart.ts \
 //     [bench/results.json] [bench/chart.svg]
+//   deno run --allow-read scripts/bench_chart.ts --markdown [results.json]
+//     prints the README's summary table (markdown) instead
+import { spawnSync } from "node:child_process";
 import { readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import process from "node:process";
@@ -12,7 +15,14 @@ import process from "node:process";
 /** The part of results.json the chart reads. */
 export interface ChartInput {
   date: string;
-  machine: { cpu: string; cores: number; filesystem: string; os: string };
+  machine: {
+    cpu: string;
+    cores: number;
+    filesystem: string;
+    os: string;
+    loadavgStart?: number[];
+    loadavgEnd?: number[];
+  };
   versions: Record<string, string>;
   settings: { rounds: number };
   groups: {
@@ -176,8 +186,13 @@ export function drawChart(results: ChartInput): string {
   const sub = `${m.cpu}, ${m.cores} cores, ${m.os}, ${m.filesystem}; deno ${
     v.deno ?? "?"
   }, node ${v.node ?? "?"}, bun ${v.bun ?? "-"}`;
+  const load = m.loadavgStart && m.loadavgEnd
+    ? `; load average ${m.loadavgStart[0]} at start, ${m.loadavgEnd[0]} at end`
+    : "";
   const foot =
-    `log scale, shorter is better; best of ${results.settings.rounds} interleaved rounds; ratios against the C floor of the same run`;
+    `log scale, shorter is better; best of ${results.settings.rounds} interleaved rounds; ratios against the C floor of the same run; ${
+      v.source ?? ""
+    }${load}`;
   return [
     `<svg xmlns="http://www.w3.org/2000/svg" width="${width}" height="${height}" viewBox="0 0 ${width} ${height}" font-family="system-ui, -apple-system, 'Segoe UI', Roboto, Helvetica, Arial, sans-serif" font-size="12">`,
     `<style>.small{font-size:11px;fill:#333}.group{font-weight:600;font-size:13px}.grid{stroke:#ddd;stroke-width:1}text{fill:#111}</style>`,
@@ -194,10 +209,54 @@ export function drawChart(results: ChartInput): string {
   ].join("\n");
 }
 
+function cell(value: number, unit: string): string {
+  const us = unit === "ms" ? value * 1000 : value;
+  return formatTime(us);
+}
+
+/** A markdown summary of results.json, for the README. */
+export function markdownTable(results: ChartInput): string {
+  const lines = [
+    "| operation | implementation | time | × C floor |",
+    "| --- | --- | ---: | ---: |",
+  ];
+  for (const g of results.groups) {
+    if (!(g.id in DRAWN)) continue;
+    for (const r of g.rows) {
+      const v = DRAWN[g.id] === "median" ? r.median : r.best;
+      lines.push(
+        `| ${g.title.replace(/\|/g, "\\|")} | ${r.label} | ${
+          cell(v, r.unit)
+        } | ${
+          r.ratio !== undefined && r.kind !== "floor"
+            ? `${r.ratio.toFixed(2)}×`
+            : ""
+        } |`,
+      );
+    }
+  }
+  return lines.join("\n");
+}
+
+/**
+ * `deno fmt` the written files, so that the repo's `deno fmt --check` (which
+ * formats SVG and JSON too) passes on them. Best effort.
+ */
+export function formatFiles(paths: string[]): void {
+  spawnSync(Deno.execPath(), ["fmt", "--quiet", ...paths], { stdio: "ignore" });
+}
+
 if (import.meta.main) {
   const dir = join(new URL(".", import.meta.url).pathname, "..", "bench");
-  const [input = join(dir, "results.json"), output = join(dir, "chart.svg")] =
-    process.argv.slice(2);
-  writeFileSync(output, drawChart(JSON.parse(readFileSync(input, "utf8"))));
-  console.log(`wrote ${output}`);
+  const args = process.argv.slice(2);
+  if (args[0] === "--markdown") {
+    const input = args[1] ?? join(dir, "results.json");
+    console.log(markdownTable(JSON.parse(readFileSync(input, "utf8"))));
+  } else {
+    const [input = join(dir, "results.json"), output = join(dir, "chart.svg")] =
+      args;
+    writeFileSync(output, drawChart(JSON.parse(readFileSync(input, "utf8"))));
+    formatFiles([output]);
+    console.log(`wrote ${output}`);
+  }
 }
