@@ -111,6 +111,20 @@ log(
   }`,
 );
 
+// Temp directories go away however the run ends (an uncaught error
+// included); the dependency cache stays.
+let cleaned = false;
+function cleanup(): void {
+  if (cleaned) return;
+  cleaned = true;
+  for (const dir of [benchDir, tmpfsRoot, scratch]) {
+    if (dir) rmSync(dir, { recursive: true, force: true });
+  }
+}
+globalThis.addEventListener("unload", cleanup);
+globalThis.addEventListener("unhandledrejection", cleanup);
+globalThis.addEventListener("error", cleanup);
+
 const floor = compileFloor(scratch);
 if (floor.note) note(floor.note);
 
@@ -1363,6 +1377,4 @@ const svgPath = join(OUT, "chart.svg");
 writeFileSync(svgPath, drawChart(results));
 formatFiles([jsonPath, svgPath]);
 log(`wrote ${shown(jsonPath)} and ${shown(svgPath)}`);
-rmSync(benchDir, { recursive: true, force: true });
-if (tmpfsRoot) rmSync(tmpfsRoot, { recursive: true, force: true });
-rmSync(scratch, { recursive: true, force: true });
+cleanup();
