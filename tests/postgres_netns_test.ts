@@ -100,7 +100,7 @@ describe("postgres backend, host loss", { skip: why }, () => {
       assert.ok(down.ok, down.err);
       const lock = await waiting;
       const released = Date.now() - cut;
-      const aborted = (await lost).at as number - cut;
+      const aborted = Math.round((await lost).at as number - cut);
       console.log(
         `host loss with the defaults: holder's signal aborted after ${aborted} ms, ` +
           `server released the lock to a waiter after ${released} ms`,
