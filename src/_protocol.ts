@@ -164,7 +164,8 @@ export function mapError(err: unknown, path: string, action: string): Error {
       cause: err,
     });
   }
-  const dir = lockPath(path, "name the lock").dir;
+  const slash = path.lastIndexOf("/");
+  const dir = slash < 0 ? "." : slash === 0 ? "/" : path.slice(0, slash);
   const { code, syscall } = err;
   if (code === "NOTCAPABLE") {
     // The directory Deno wants a grant for: the real one, where the path
@@ -234,18 +235,8 @@ function unreadable(err: SysError, lp: LockPath, file: string): Error {
   let info: FileInfo | null = null;
   try {
     info = p.lstat(file);
-  } catch (lstatErr) {
-    if (errnoOf(lstatErr) === "EACCES") {
-      // The directory itself is not searchable: a probe needs to enter it
-      // (and read the file), never to write there.
-      return new LockPermissionError(
-        lp.path,
-        "cannot read the lock file",
-        `this user cannot enter ${lp.dir} (probes need search (x) ` +
-          `permission on the lock's directory and read permission on the file)`,
-        { cause: err },
-      );
-    }
+  } catch {
+    // The directory itself is not searchable: the generic message fits.
   }
   if (info === null || (err.code !== "EACCES" && err.code !== "EPERM")) {
     return mapError(err, lp.path, "cannot read the lock file");
@@ -311,12 +302,19 @@ function foreignAlive(pid: number): boolean {
  * names another host, boot or PID namespace than this process's (each only
  * when both sides know it). Such a PID cannot be checked with `kill` here.
  */
-function elsewhere(record: { host: string; boot: string; pidns: string }) {
-  const host = p.hostname();
+export function elsewhere(
+  record: { host: string; boot: string; pidns: string },
+): "host" | "boot" | "namespace" | undefined {
   const { boot, pidns } = p.identity();
-  return (record.host !== "" && host !== "" && record.host !== host) ||
-    (record.boot !== "" && boot !== "" && record.boot !== boot) ||
-    (record.pidns !== "" && pidns !== "" && record.pidns !== pidns);
+  // The boot id and the PID namespace decide when both sides know them: the
+  // same kernel boot and namespace mean the same PID, whatever the host
+  // name says (a container has a name of its own). Else the host name.
+  if (record.boot && boot && record.boot !== boot) return "boot";
+  if (record.pidns && pidns && record.pidns !== pidns) return "namespace";
+  if (record.boot && boot && record.pidns && pidns) return undefined;
+  const host = p.hostname();
+  if (record.host && host && record.host !== host) return "host";
+  return undefined;
 }
 
 function sameFile(a: FileInfo | null, b: FileInfo): boolean {
@@ -559,46 +557,11 @@ function removeStale(target: Target, ours: FileInfo): Verdict {
   try {
     if (sameFile(p.lstat(target.file), ours)) p.unlink(target.file);
   } catch (err) {
-    const code = errnoOf(err);
-    if (code === "ENOENT") return TOOK_OVER;
-    if (code === "EPERM" || code === "EACCES") {
-      throw stickyRefusal(err, target, ours) ??
-        mapError(err, target.path, "cannot remove the stale lock");
+    if (errnoOf(err) !== "ENOENT") {
+      throw mapError(err, target.path, "cannot remove the stale lock");
     }
-    throw mapError(err, target.path, "cannot remove the stale lock");
   }
   return TOOK_OVER;
-}
-
-/**
- * In a sticky directory (`/tmp`, mode 1777) only a file's owner, the
- * directory's owner or root may remove it: a stale lock another user left
- * there cannot be taken over by this one, whatever access it has to the
- * directory. Says so, with the owner, instead of asking for access the user
- * may already have. `undefined` when the directory is not sticky.
- */
-function stickyRefusal(
-  err: unknown,
-  target: Target,
-  stale: FileInfo,
-): Error | undefined {
-  let dir: FileInfo | null = null;
-  try {
-    dir = p.lstat(within(target.pinned.prefix, "."));
-  } catch {
-    return undefined;
-  }
-  if (dir === null || (dir.mode & 0o1000) === 0) return undefined;
-  return new LockPermissionError(
-    target.path,
-    "cannot remove the stale lock",
-    `the file belongs to uid ${stale.uid} and ${target.dir} is sticky (mode ${
-      dir.mode.toString(8).padStart(4, "0")
-    }), so only uid ${stale.uid}, the directory's owner (uid ${dir.uid}) or ` +
-      `root may remove it; remove it as one of them, or choose a lock path ` +
-      `in a directory that is not sticky`,
-    { cause: err },
-  );
 }
 
 /** Step 3: link said EEXIST. Decide who, if anyone, holds the file. */
@@ -657,7 +620,7 @@ function contend(target: Target): Verdict {
       : 0;
     const host = record.kind === "runlock" ? record.host : "";
     const started = record.kind === "runlock" ? record.started : undefined;
-    const far = record.kind === "runlock" && elsewhere(record);
+    const far = record.kind === "runlock" && elsewhere(record) !== undefined;
     if (record.kind === "runlock" && pid === p.pid && !far) {
       // Our own PID holds it, but not through this copy of runlock: another
       // copy in this process (an ES module and a CommonJS build both
@@ -861,7 +824,8 @@ export function probe(
         // another PID namespace.
         const record = parseRecord(handle.readAll(MAX_RECORD_BYTES + 1));
         result.racing = record.kind === "runlock";
-        result.far = record.kind === "runlock" && elsewhere(record);
+        result.far = record.kind === "runlock" &&
+          elsewhere(record) !== undefined;
       }
       return result;
     }
@@ -882,7 +846,7 @@ export function probe(
         // that lives elsewhere (another host, boot or PID namespace) cannot
         // be asked: maybe a live holder, maybe a takeover; look again
         // briefly.
-        result.far = locked && elsewhere(record);
+        result.far = locked && elsewhere(record) !== undefined;
         result.racing = locked &&
           (result.far || liveness(record.pid) === "dead");
         return result;

@@ -21,6 +21,7 @@ import {
   recordSize,
   runSync,
   type Target,
+  within,
 } from "./_protocol.ts";
 import { ContendedError, HeldError, LockLostError } from "./errors.ts";
 import { checkMeta, type Meta } from "./meta.ts";
@@ -158,6 +159,10 @@ class RunLock implements Lock {
   #id: FileInfo;
   #lost = new AbortController();
   #stop: (() => void)[] = [];
+  /** The lock file's path as first seen, when pinned by a descriptor. */
+  #named: string | undefined;
+  /** A watch saw our name created, removed or renamed. */
+  #moved = false;
 
   constructor(
     target: Target,
@@ -183,8 +188,20 @@ class RunLock implements Lock {
     // for no watcher, and leaves none waiting to be freed.
     this.#stop.push(p.unrefLater(() => {
       if (this.#handle === undefined) return;
-      const unwatch = p.watchDir(target.pinned.prefix, (name) => {
-        if (name === target.name) check();
+      // Where the directory is pinned by a descriptor, its path can move
+      // away from the lock (the directory renamed, another made in its
+      // place, where a new run may start): remember where the file is now.
+      if (target.pinned.byDescriptor) {
+        const dir = p.realDir(target.pinned.prefix);
+        if (dir !== "") this.#named = within(dir, target.name);
+      }
+      const unwatch = p.watchDir(target.pinned.prefix, (name, moved) => {
+        if (name !== target.name) return;
+        // Nobody else creates, removes or renames our name while we hold
+        // it: such an event is a loss even if the file is back by the time
+        // we look (moved aside, another run in and out, moved back).
+        if (moved) this.#moved = true;
+        check();
       }, false);
       if (unwatch) this.#stop.push(unwatch);
       check(); // anything that happened before the watch began
@@ -201,21 +218,41 @@ class RunLock implements Lock {
 
   /** What happened to our file, or undefined while it is ours. */
   #loss(): LockLostError | undefined {
+    const ours = (info: FileInfo | null) =>
+      info !== null && info.dev === this.#id.dev && info.ino === this.#id.ino;
     const now = p.lstat(this.#target.file);
-    if (now !== null && now.dev === this.#id.dev && now.ino === this.#id.ino) {
-      return undefined;
+    if (ours(now)) {
+      if (this.#moved) {
+        return new LockLostError(
+          this.path,
+          this.pid,
+          "was moved away and back (another run may have held the lock meanwhile)",
+        );
+      }
+      if (this.#named === undefined || ours(p.lstat(this.#named))) {
+        return undefined;
+      }
+      return new LockLostError(
+        this.path,
+        this.pid,
+        "was moved away from its path (its directory was renamed or replaced)",
+      );
     }
     if (now === null) {
       return new LockLostError(this.path, this.pid, "was deleted");
     }
     let holder: { pid: number; host: string } | undefined;
-    try {
-      const found = probe(this.#target, this.#target.file);
-      if (found.state === "held" && found.pid > 0) {
-        holder = { pid: found.pid, host: found.host };
+    // Who holds it now is a courtesy, not worth a probe that could block
+    // (a FIFO swapped in, where open has no O_NONBLOCK): the loss is the news.
+    if (!p.openMayBlock) {
+      try {
+        const found = probe(this.#target, this.#target.file);
+        if (found.state === "held" && found.pid > 0) {
+          holder = { pid: found.pid, host: found.host };
+        }
+      } catch {
+        // The loss is the news.
       }
-    } catch {
-      // Who holds it now is a courtesy; the loss is the news.
     }
     return new LockLostError(
       this.path,

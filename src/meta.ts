@@ -24,8 +24,11 @@
 export type Meta = Record<string, string>;
 
 const KEY = /^[a-z0-9_.-]{1,64}$/;
-// Line breaks would start a new record line; NUL ends C strings in readers.
-const BAD_CHAR = /[\n\r\0]/;
+// Anything a reader could take for the end of a line (LF, CR, VT, FF, NEL,
+// U+2028, U+2029: Python's splitlines() breaks on all of them), and every
+// other control character but tab (NUL ends C strings in readers).
+// deno-lint-ignore no-control-regex -- matching control characters is the point
+const BAD_CHAR = /[\x00-\x08\x0a-\x1f\x7f\x85\u2028\u2029]/;
 // A lone surrogate has no UTF-8 encoding.
 const LONE_SURROGATE =
   /[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/;
@@ -37,8 +40,9 @@ const LONE_SURROGATE =
  * @param action What is being done, for the message (`"acquire the lock"`).
  * @returns A new plain object with the same fields.
  * @throws {TypeError} `meta` is not a plain object, or a value is not a string.
- * @throws {RangeError} a key does not match `[a-z0-9_.-]{1,64}`, or a value
- * holds a line break, a NUL or text that is not valid UTF-8.
+ * @throws {RangeError} a key does not match `[a-z0-9_.-]{1,64}` (or is
+ * `__proto__`), or a value holds a line break, a control character or text
+ * that is not valid UTF-8.
  */
 export function checkMeta(meta: unknown, action = "acquire the lock"): Meta {
   if (meta === undefined) return {};
@@ -54,8 +58,10 @@ export function checkMeta(meta: unknown, action = "acquire the lock"): Meta {
     );
   }
   const out: Meta = {};
+  // (`__proto__` is refused above: as a key of a plain object it would set
+  // the prototype instead of a field.)
   for (const [key, value] of Object.entries(meta)) {
-    if (!KEY.test(key)) {
+    if (!KEY.test(key) || key === "__proto__") {
       throw new RangeError(
         `Cannot ${action} as the meta key ${
           JSON.stringify(key)
@@ -69,7 +75,7 @@ export function checkMeta(meta: unknown, action = "acquire the lock"): Meta {
     }
     if (BAD_CHAR.test(value)) {
       throw new RangeError(
-        `Cannot ${action} as meta.${key} must be one line without NUL: current value is ${
+        `Cannot ${action} as meta.${key} must be one line without NUL or other control characters: current value is ${
           JSON.stringify(value.slice(0, 60))
         }`,
       );

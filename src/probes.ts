@@ -9,7 +9,7 @@
  * @module
  */
 
-import { lockPath, type Probe, probeSteps } from "./_protocol.ts";
+import { elsewhere, lockPath, type Probe, probeSteps } from "./_protocol.ts";
 import { InvalidLockFileError } from "./errors.ts";
 import { platform as p } from "./platform/current.ts";
 
@@ -64,12 +64,13 @@ export interface Inspection {
   /** The inode of the holder's PID namespace, or `""` when the record has none. */
   pidNamespace: string;
   /**
-   * Whether the recorded PID names the same process from where you ask:
-   * `true` on the same host, boot and PID namespace; `false` when any of
-   * them differs (see `pidElsewhere`): `kill(pid)` here would hit another
-   * process, or none; `undefined` when it cannot be told (a record or a
-   * runtime that does not say). Liveness stays the flock's: this is about
-   * what an operator may safely do with the number.
+   * Whether a live holder's recorded PID names the same process from where
+   * you ask: `true` in the same boot and PID namespace; `false` when they
+   * (or, where they are unknown, the host names) differ (see
+   * `pidElsewhere`): `kill(pid)` here would hit another process, or none;
+   * `undefined` when it cannot be told (a record or a runtime that does not
+   * say) and for locks that are not held. Liveness stays the flock's: this
+   * is about what an operator may safely do with the number.
    */
   pidValidHere: boolean | undefined;
   /**
@@ -85,22 +86,18 @@ export interface Inspection {
  * record's host, boot id and PID namespace with this process's own.
  */
 export function pidView(
-  found: Pick<Probe, "pid" | "host" | "boot" | "pidns" | "marker">,
+  found: Pick<Probe, "state" | "pid" | "host" | "boot" | "pidns" | "marker">,
 ): Pick<Inspection, "pidValidHere" | "pidElsewhere"> {
   const unknown = { pidValidHere: undefined, pidElsewhere: undefined };
-  if (found.pid === 0 || !found.marker) return unknown;
-  const host = p.hostname();
+  // Only a live holder's namespace is sure to be alive, so that its inode
+  // number cannot have been reused by another namespace since.
+  if (found.state !== "held" || found.pid === 0 || !found.marker) {
+    return unknown;
+  }
+  const where = elsewhere(found);
+  if (where !== undefined) return { pidValidHere: false, pidElsewhere: where };
   const { boot, pidns } = p.identity();
-  if (found.host && host && found.host !== host) {
-    return { pidValidHere: false, pidElsewhere: "host" };
-  }
-  if (found.boot && boot && found.boot !== boot) {
-    return { pidValidHere: false, pidElsewhere: "boot" };
-  }
-  if (found.pidns && pidns && found.pidns !== pidns) {
-    return { pidValidHere: false, pidElsewhere: "namespace" };
-  }
-  if (found.host && host && found.boot && boot && found.pidns && pidns) {
+  if (found.boot && boot && found.pidns && pidns) {
     return { pidValidHere: true, pidElsewhere: undefined };
   }
   return unknown;

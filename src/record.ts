@@ -157,7 +157,10 @@ export function parseRecord(bytes: Uint8Array): Record {
         pidns = value;
         break;
       default:
-        if (key.startsWith(META_PREFIX) && META_KEY.test(key.slice(5))) {
+        if (
+          key.startsWith(META_PREFIX) && META_KEY.test(key.slice(5)) &&
+          key !== "meta.__proto__"
+        ) {
           meta[key.slice(5)] = value;
         }
     }

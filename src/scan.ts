@@ -8,12 +8,12 @@
 import {
   errnoOf,
   lockPath,
-  mapError,
   type Probe,
   probe,
   RACING_SLEEPS,
   within,
 } from "./_protocol.ts";
+import { LockPermissionError, RunlockError } from "./errors.ts";
 import { platform as p } from "./platform/current.ts";
 import { type Inspection, toInspection } from "./probes.ts";
 
@@ -54,7 +54,9 @@ const TEMP_NAME = /^\..*\.[0-9a-f]{16}\.tmp$/;
  * @param options `recursive` and `signal`.
  * @returns The inspections, sorted by path; `[]` when `dir` does not exist.
  * @throws {TypeError} `dir` is empty or holds a NUL.
- * @throws {LockPermissionError} `dir` cannot be read.
+ * @throws {LockPermissionError} `dir` cannot be read (a subdirectory that
+ * cannot be read is skipped).
+ * @throws {RunlockError} `dir` is not a directory.
  *
  * @example Which runs are alive, and which crashed
  * ```ts
@@ -95,13 +97,19 @@ export async function scan(
     try {
       entries = p.readDirKinds(d);
     } catch (err) {
-      const code = errnoOf(err);
-      // Gone, or turned into a file, since we listed its parent.
-      if (d !== dir && (code === "ENOENT" || code === "ENOTDIR")) continue;
-      if (d === dir && code === "ENOENT") return [];
-      throw mapError(err, within(d, "."), "cannot list the directory");
+      // A subdirectory gone, turned into a file, or closed to this user
+      // since we listed its parent: skip it, and list the rest.
+      if (d !== dir) continue;
+      if (errnoOf(err) === "ENOENT") return [];
+      throw listError(err, d);
     }
+    let seen = 0;
     for (const { name, kind } of entries) {
+      // Let timers (the signal's, a held lock's checks) run in a big tree.
+      if (++seen % 256 === 0) {
+        await new Promise((resolve) => setTimeout(resolve, 0));
+        signal?.throwIfAborted();
+      }
       const path = within(d, name);
       if (kind === "directory") {
         if (recursive) dirs.push(path);
@@ -127,6 +135,37 @@ export async function scan(
     if (result?.marker) found.push(toInspection(path, result));
   }
   return found.sort((a, b) => a.path < b.path ? -1 : a.path > b.path ? 1 : 0);
+}
+
+/** The error for a `dir` that cannot be listed. */
+function listError(err: unknown, dir: string): Error {
+  const code = errnoOf(err);
+  if (code === "NOTCAPABLE") {
+    return new LockPermissionError(
+      dir,
+      "cannot list the directory",
+      `run Deno with --allow-read=${dir} (runlock never prompts)`,
+      { cause: err },
+    );
+  }
+  if (code === "EACCES" || code === "EPERM") {
+    return new LockPermissionError(
+      dir,
+      "cannot list the directory",
+      "this user may not read it",
+      { cause: err },
+    );
+  }
+  if (code === "ENOTDIR") {
+    return new RunlockError(dir, `${dir}: cannot scan: not a directory`, {
+      cause: err,
+    });
+  }
+  return new RunlockError(
+    dir,
+    `${dir}: cannot list the directory: ${(err as Error).message}`,
+    { cause: err },
+  );
 }
 
 /** One file's probe; `undefined` when it is not something we can read. */

@@ -152,6 +152,36 @@ describe("user fields (meta)", () => {
         /meta\.cmd is not valid UTF-8/,
       ],
       [
+        "a value with U+2028",
+        { cmd: "a\u2028host=evil" },
+        RangeError,
+        /meta\.cmd must be one line/,
+      ],
+      [
+        "a value with NEL (U+0085)",
+        { cmd: "a\u0085b" },
+        RangeError,
+        /meta\.cmd must be one line/,
+      ],
+      [
+        "a value with a vertical tab",
+        { cmd: "a\vb" },
+        RangeError,
+        /meta\.cmd must be one line/,
+      ],
+      [
+        "a value with a form feed",
+        { cmd: "a\fb" },
+        RangeError,
+        /meta\.cmd must be one line/,
+      ],
+      [
+        "the key __proto__",
+        JSON.parse('{"__proto__": "x"}'),
+        RangeError,
+        /the meta key "__proto__" must match/,
+      ],
+      [
         "a record over 4 KiB",
         { cmd: "x".repeat(4000), note: "y".repeat(200) },
         RangeError,
@@ -221,11 +251,13 @@ describe("where the PID lives", () => {
     }
   });
 
-  test("a record from another boot, another host, or a record that does not say: false with the reason, or unknown", async () => {
+  test("a live holder's record from another boot, another host, another PID namespace, or one that does not say: false with the reason, or unknown; a container's own host name alone does not make it false", async () => {
     const { dir, cleanup } = tempDir();
     try {
       const { boot, pidns } = here();
       const host = hostname();
+      // Each record held under a flock (flock(1) stands for its holder):
+      // only a live holder's PID says anything.
       const cases: [string, string, boolean | undefined, string | undefined][] =
         [
           [
@@ -234,11 +266,14 @@ describe("where the PID lives", () => {
             false,
             "boot",
           ],
+          ["other-host", `4242\nrunlock 1\nhost=not-${host}\n`, false, "host"],
+          // A container of its own name (UTS namespace) on this kernel, in
+          // this PID namespace: the PID is valid here, whatever the name.
           [
-            "other-host",
+            "own-name",
             `4242\nrunlock 1\nhost=not-${host}\nboot=${boot}\npidns=${pidns}\n`,
-            false,
-            "host",
+            true,
+            undefined,
           ],
           [
             "other-ns",
@@ -252,9 +287,35 @@ describe("where the PID lives", () => {
       for (const [name, content, valid, elsewhere] of cases) {
         const path = join(dir, name);
         writeFileSync(path, content);
-        const info = await inspect(path);
-        assert.equal(info.pidValidHere, valid, name);
-        assert.equal(info.pidElsewhere, elsewhere, name);
+        // -o: flock(1) itself holds the lock (its command does not), so
+        // killing it frees the lock at once.
+        const tool = new Child("", [], undefined, [
+          "flock",
+          "-o",
+          "-x",
+          path,
+          "sh",
+          "-c",
+          "echo locked; exec sleep 5",
+        ]);
+        try {
+          assert.equal((await tool.next()).text, "locked");
+          const info = await inspect(path);
+          assert.equal(info.state, "held", name);
+          assert.equal(info.pidValidHere, valid, name);
+          assert.equal(info.pidElsewhere, elsewhere, name);
+        } finally {
+          // Its command keeps the output pipe a few seconds longer: wait
+          // for flock(1) itself only.
+          const gone = new Promise((resolve) =>
+            tool.proc.once("exit", resolve)
+          );
+          tool.proc.kill("SIGKILL");
+          await gone;
+        }
+        // Not held, the PID says nothing: its namespace may be gone, and
+        // its inode number reused.
+        assert.equal((await inspect(path)).pidValidHere, undefined, name);
       }
     } finally {
       cleanup();

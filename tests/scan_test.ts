@@ -12,7 +12,7 @@ import {
 } from "node:fs";
 import { join } from "node:path";
 import { describe, test } from "node:test";
-import { acquire, scan } from "../mod.ts";
+import { acquire, RunlockError, scan } from "../mod.ts";
 import { deadPid, holder, tempDir } from "./_helpers.ts";
 
 /** Every file under `dir` with its inode, mtime and content. */
@@ -97,6 +97,46 @@ describe("scan()", () => {
       assert.equal(found.state, "held");
       assert.deepEqual(found.meta, { cmd: "sync --full" });
       assert.notEqual(found.runtime, "");
+    } finally {
+      cleanup();
+    }
+  });
+
+  test("a file given as the directory is a RunlockError, not a TypeError", async () => {
+    const { dir, cleanup } = tempDir();
+    try {
+      writeFileSync(join(dir, "file"), "x");
+      await assert.rejects(scan(join(dir, "file")), (err) => {
+        assert.ok(err instanceof RunlockError, String(err));
+        assert.ok(!(err instanceof TypeError));
+        assert.match(err.message, /not a directory/);
+        return true;
+      });
+    } finally {
+      cleanup();
+    }
+  });
+
+  test("a big scan lets timers run, so its signal can stop it", async () => {
+    const { dir, cleanup } = tempDir();
+    try {
+      for (let i = 0; i < 3000; i++) {
+        writeFileSync(join(dir, `job-${i}.lock`), `${i + 1}\nrunlock 1\n`);
+      }
+      let ticks = 0;
+      const timer = setInterval(() => ticks++, 1);
+      try {
+        assert.equal((await scan(dir)).length, 3000);
+      } finally {
+        clearInterval(timer);
+      }
+      assert.ok(ticks > 0, "a 1 ms interval ran during the scan");
+      const controller = new AbortController();
+      setTimeout(() => controller.abort(new Error("enough")), 1);
+      await assert.rejects(
+        scan(dir, { signal: controller.signal }),
+        /enough/,
+      );
     } finally {
       cleanup();
     }

@@ -255,6 +255,17 @@ let runGranted: boolean | undefined;
 export const platform: Platform = {
   runtime: "deno",
   pid: Deno.pid,
+  // Deno.open has no O_NONBLOCK.
+  openMayBlock: true,
+
+  realDir(path: string): string {
+    try {
+      need("read", path, "realpath");
+      return Deno.realPathSync(path);
+    } catch {
+      return "";
+    }
+  },
 
   hostname(): string {
     if (hostnameCache !== undefined) return hostnameCache;
@@ -461,7 +472,7 @@ export const platform: Platform = {
 
   watchDir(
     dir: string,
-    onChange: (name: string) => void,
+    onChange: (name: string, moved: boolean) => void,
     keepAlive = true,
   ): (() => void) | undefined {
     // A Deno watcher (Deno.watchFs, or node:fs.watch even with
@@ -477,7 +488,8 @@ export const platform: Platform = {
     (async () => {
       try {
         for await (const event of watcher) {
-          for (const path of event.paths) onChange(basename(path));
+          const moved = event.kind !== "modify" && event.kind !== "access";
+          for (const path of event.paths) onChange(basename(path), moved);
         }
       } catch {
         // Closed or failed: the caller keeps polling.

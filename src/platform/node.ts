@@ -295,6 +295,15 @@ function procWorks(fd: number): boolean {
 export const platform: Platform = {
   runtime: isBun ? "bun" : "node",
   pid: process.pid,
+  openMayBlock: false,
+
+  realDir(path: string): string {
+    try {
+      return realpathSync.native(path);
+    } catch {
+      return "";
+    }
+  },
 
   hostname(): string {
     hostnameCache ??= hostname().replace(/[\r\n]/g, "");
@@ -472,12 +481,12 @@ export const platform: Platform = {
 
   watchDir(
     dir: string,
-    onChange: (name: string) => void,
+    onChange: (name: string, moved: boolean) => void,
     _keepAlive?: boolean,
   ): (() => void) | undefined {
     try {
-      const watcher = watch(dir, { persistent: false }, (_event, name) => {
-        if (name) onChange(String(name));
+      const watcher = watch(dir, { persistent: false }, (event, name) => {
+        if (name) onChange(String(name), event === "rename");
       });
       watcher.on("error", () => watcher.close());
       return () => watcher.close();

@@ -135,16 +135,24 @@ export interface Platform {
    */
   processAlive(pid: number): Liveness;
   /**
-   * Calls `onChange` with an entry's name when an entry of `dir` changes,
+   * Calls `onChange` with an entry's name when an entry of `dir` changes
+   * (`moved`: it was created, removed or renamed, not just modified),
    * until the returned function is called. Returns `undefined` when
    * watching is not possible; callers then poll. With `keepAlive: false`
    * the watch must not keep the process alive, or is not made.
    */
   watchDir(
     dir: string,
-    onChange: (name: string) => void,
+    onChange: (name: string, moved: boolean) => void,
     keepAlive?: boolean,
   ): (() => void) | undefined;
+  /**
+   * Whether opening a file can block (no `O_NONBLOCK`: a FIFO swapped in
+   * between the `lstat` and the `open` would hang it). Deno: true.
+   */
+  readonly openMayBlock: boolean;
+  /** The canonical path of a directory (`realpath`), or `""` if unknown. */
+  realDir(path: string): string;
 }
 
 /**
