@@ -235,8 +235,18 @@ function unreadable(err: SysError, lp: LockPath, file: string): Error {
   let info: FileInfo | null = null;
   try {
     info = p.lstat(file);
-  } catch {
-    // The directory itself is not searchable: the generic message fits.
+  } catch (lstatErr) {
+    if (errnoOf(lstatErr) === "EACCES") {
+      // The directory itself is not searchable: a probe needs to enter it
+      // (and read the file), never to write there.
+      return new LockPermissionError(
+        lp.path,
+        "cannot read the lock file",
+        `this user cannot enter ${lp.dir} (probes need search (x) ` +
+          `permission on the lock's directory and read permission on the file)`,
+        { cause: err },
+      );
+    }
   }
   if (info === null || (err.code !== "EACCES" && err.code !== "EPERM")) {
     return mapError(err, lp.path, "cannot read the lock file");
@@ -557,11 +567,46 @@ function removeStale(target: Target, ours: FileInfo): Verdict {
   try {
     if (sameFile(p.lstat(target.file), ours)) p.unlink(target.file);
   } catch (err) {
-    if (errnoOf(err) !== "ENOENT") {
-      throw mapError(err, target.path, "cannot remove the stale lock");
+    const code = errnoOf(err);
+    if (code === "ENOENT") return TOOK_OVER;
+    if (code === "EPERM" || code === "EACCES") {
+      throw stickyRefusal(err, target, ours) ??
+        mapError(err, target.path, "cannot remove the stale lock");
     }
+    throw mapError(err, target.path, "cannot remove the stale lock");
   }
   return TOOK_OVER;
+}
+
+/**
+ * In a sticky directory (`/tmp`, mode 1777) only a file's owner, the
+ * directory's owner or root may remove it: a stale lock another user left
+ * there cannot be taken over by this one, whatever access it has to the
+ * directory. Says so, with the owner, instead of asking for access the user
+ * may already have. `undefined` when the directory is not sticky.
+ */
+function stickyRefusal(
+  err: unknown,
+  target: Target,
+  stale: FileInfo,
+): Error | undefined {
+  let dir: FileInfo | null = null;
+  try {
+    dir = p.lstat(within(target.pinned.prefix, "."));
+  } catch {
+    return undefined;
+  }
+  if (dir === null || (dir.mode & 0o1000) === 0) return undefined;
+  return new LockPermissionError(
+    target.path,
+    "cannot remove the stale lock",
+    `the file belongs to uid ${stale.uid} and ${target.dir} is sticky (mode ${
+      dir.mode.toString(8).padStart(4, "0")
+    }), so only uid ${stale.uid}, the directory's owner (uid ${dir.uid}) or ` +
+      `root may remove it; remove it as one of them, or choose a lock path ` +
+      `in a directory that is not sticky`,
+    { cause: err },
+  );
 }
 
 /** Step 3: link said EEXIST. Decide who, if anyone, holds the file. */
