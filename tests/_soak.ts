@@ -1,0 +1,470 @@
+// The soak (scripts/soak.ts for the long run, tests/soak_test.ts for CI's
+// short one): workers of one or more runtimes loop acquire/release on a few
+// locks (fixtures/soak_worker.ts) while a killer SIGKILLs holders,
+// SIGSTOPs and SIGCONTs workers, and deletes lock files by hand. Mutual
+// exclusion is checked afterwards from the append-only log the workers and
+// the killer share.
+//
+// The rules the log must obey, per lock:
+// - a worker enters only when nobody is inside, or when whoever is inside
+//   was SIGKILLed before (the kernel dropped its flock);
+// - the one exception is a deletion of the lock file by the killer (done
+//   while the holder is SIGSTOPped, so that the log can say whose file it
+//   was): then another worker may enter while that holder is still inside,
+//   and the holder must report the loss (lock.signal, or release() throwing
+//   LockLostError). Every overlap must be explained by such a reported loss
+//   (or by a holder SIGKILLed before it could report), and every reported
+//   loss by a deletion of that holder's file: never a silent overlap, never
+//   a loss without a cause;
+// - no worker reports any other error;
+// - after the run, one clean acquire and release of each lock in a fresh
+//   process leaves the directory empty.
+import { spawnSync } from "node:child_process";
+import {
+  appendFileSync,
+  existsSync,
+  mkdirSync,
+  readdirSync,
+  readFileSync,
+  rmSync,
+  unlinkSync,
+} from "node:fs";
+import { join } from "node:path";
+import process from "node:process";
+import { Child, delay, fixtureCommand } from "./_helpers.ts";
+
+/** What one soak run did and found. */
+export interface SoakReport {
+  seconds: number;
+  runtimes: string[];
+  locks: number;
+  workers: number;
+  /** Worker processes started in all (the killer's victims are replaced). */
+  processes: number;
+  acquisitions: number;
+  acquisitionsByRuntime: Record<string, number>;
+  kills: number;
+  /** Kills of a worker that was inside its critical section. */
+  killsInside: number;
+  stops: number;
+  /** Lock files deleted by hand, each while its holder was stopped. */
+  deletions: number;
+  overlaps: number;
+  /** Overlaps whose holder reported the loss (lock.signal / release). */
+  overlapsReported: number;
+  /** Overlaps after a deletion whose holder was SIGKILLed before it could report. */
+  overlapsHolderKilled: number;
+  /** Overlaps that no deletion explains: must be 0. */
+  overlapsUnexplained: number;
+  lossesReported: number;
+  lossesBySignal: number;
+  /** Losses reported with no deletion during the session: must be 0. */
+  lossesWithoutDeletion: number;
+  errors: number;
+  errorSamples: string[];
+  worstWaitMs: number;
+  /** Temp files and lock files found after the run, before the final clean acquire. */
+  litterBeforeClean: string[];
+  /** Entries left after one clean acquire and release per lock: must be []. */
+  leftAfterClean: string[];
+  violations: string[];
+}
+
+export interface SoakOptions {
+  seconds: number;
+  locks: number;
+  /** One command per worker slot (the runtime's soak_worker), by runtime. */
+  workers: { runtime: string; command: string[] | undefined }[];
+  /** The command that runs fixtures/inject_fixture.ts "clean" at the end. */
+  clean?: string[];
+  dir: string;
+  /** Mean milliseconds between the killer's actions. */
+  every?: number;
+  log?: (line: string) => void;
+}
+
+// process.kill, not ChildProcess.kill: under Deno, a child that was sent one
+// signal through ChildProcess.kill refuses every later one (kill() returns
+// false), so a SIGSTOPped worker would never get its SIGCONT.
+function signal(w: Worker, name: NodeJS.Signals): void {
+  try {
+    process.kill(w.child.pid, name);
+  } catch {
+    // Exited already.
+  }
+}
+
+interface Worker {
+  child: Child;
+  runtime: string;
+  slot: number;
+  stopped: boolean;
+}
+
+/** Runs a soak and returns its report (throws nothing for violations). */
+export async function soak(options: SoakOptions): Promise<SoakReport> {
+  const { seconds, dir } = options;
+  const every = options.every ?? 60;
+  const say = options.log ?? (() => {});
+  const lockDir = join(dir, "locks");
+  mkdirSync(lockDir, { recursive: true });
+  const log = join(dir, "log");
+  appendFileSync(log, "");
+  const paths = Array.from(
+    { length: options.locks },
+    (_, k) => join(lockDir, `lock-${k}`),
+  );
+  const until = Date.now() + seconds * 1000;
+  const workers = new Map<number, Worker>();
+  let processes = 0;
+  const killed = new Set<number>();
+  const runtimeOf = new Map<number, string>();
+  const counts = { kills: 0, stops: 0, deletions: 0 };
+
+  const start = (slot: number) => {
+    const { runtime, command } = options.workers[slot];
+    const child = new Child(
+      "soak_worker.ts",
+      [log, String(until), ...paths],
+      undefined,
+      command,
+    );
+    workers.set(child.pid, { child, runtime, slot, stopped: false });
+    runtimeOf.set(child.pid, runtime);
+    processes++;
+  };
+  for (let slot = 0; slot < options.workers.length; slot++) start(slot);
+
+  const holderOf = (k: number): Worker | undefined => {
+    let text: string;
+    try {
+      text = readFileSync(paths[k], "utf8");
+    } catch {
+      return undefined;
+    }
+    return workers.get(Number(text.split("\n")[0]));
+  };
+
+  const note = (line: string) => appendFileSync(log, line + "\n");
+  // SIGSTOP for 20-300 ms, then SIGCONT.
+  const stop = (victim: Worker) => {
+    victim.stopped = true;
+    note(`stop ${victim.child.pid}`);
+    signal(victim, "SIGSTOP");
+    counts.stops++;
+    setTimeout(() => {
+      victim.stopped = false;
+      signal(victim, "SIGCONT");
+    }, 20 + Math.random() * 280);
+  };
+  let step = 0;
+  let lastReport = Date.now();
+  try {
+    while (Date.now() < until - 500) {
+      await delay(every * (0.5 + Math.random()));
+      // A lock whose holder is running, when there is one.
+      const running = paths.map((_, i) => i).filter((i) => {
+        const h = holderOf(i);
+        return h !== undefined && !h.stopped;
+      });
+      const k = running.length > 0
+        ? running[Math.floor(Math.random() * running.length)]
+        : Math.floor(Math.random() * paths.length);
+      const action = step++ % 3;
+      if (action === 0) {
+        // SIGKILL the holder of a lock (it may be inside, or just leaving).
+        const victim = holderOf(k);
+        if (!victim || victim.stopped) continue;
+        note(`kill ${victim.child.pid}`);
+        killed.add(victim.child.pid);
+        workers.delete(victim.child.pid);
+        signal(victim, "SIGKILL");
+        await victim.child.exited;
+        counts.kills++;
+        start(victim.slot);
+      } else if (action === 1) {
+        // SIGSTOP a worker (the holder of a lock, when there is one).
+        const list = [...workers.values()].filter((w) => !w.stopped);
+        const victim = holderOf(k) ??
+          list[Math.floor(Math.random() * list.length)];
+        if (!victim || victim.stopped) continue;
+        stop(victim);
+      } else {
+        // Delete a lock file by hand, as a careless cleanup job would. Its
+        // holder is stopped first, so that the file names its holder for
+        // sure when it goes (nobody else can replace it while the holder
+        // keeps its flock) and the log can tell whose lock was deleted.
+        const victim = holderOf(k);
+        if (!victim || victim.stopped) continue;
+        stop(victim);
+        await delay(20);
+        // Still stopped (its SIGCONT may come as soon as 20 ms) and still
+        // the holder: only then is the file surely its.
+        if (!victim.stopped || holderOf(k) !== victim) continue;
+        try {
+          unlinkSync(paths[k]);
+          note(`deleted ${k} ${victim.child.pid}`);
+          counts.deletions++;
+        } catch {
+          // Gone already.
+        }
+      }
+      if (Date.now() - lastReport > 10_000) {
+        lastReport = Date.now();
+        const entered = readFileSync(log, "utf8").split("\nenter ").length - 1;
+        say(
+          `  ${
+            Math.round((until - Date.now()) / 1000)
+          } s left: ${entered} acquisitions, ${counts.kills} kills, ` +
+            `${counts.stops} stops, ${counts.deletions} deletions`,
+        );
+      }
+    }
+    // Let every stopped worker go on, then wait for all to finish.
+    await delay(400);
+    for (const w of workers.values()) signal(w, "SIGCONT");
+    for (const w of workers.values()) {
+      const event = await w.child.next().catch((err) => ({
+        event: "error",
+        message: String(err),
+      }));
+      if (event.event !== "done") {
+        note(`error ${w.child.pid} worker: ${JSON.stringify(event)}`);
+      }
+      await w.child.exited;
+    }
+  } finally {
+    for (const w of workers.values()) {
+      signal(w, "SIGCONT");
+      signal(w, "SIGKILL");
+      await w.child.exited;
+    }
+  }
+
+  const report = analyse(readFileSync(log, "utf8"), {
+    seconds,
+    runtimes: [...new Set(options.workers.map((w) => w.runtime))],
+    locks: options.locks,
+    workers: options.workers.length,
+    processes,
+    runtimeOf,
+  });
+  report.kills = counts.kills;
+  report.stops = counts.stops;
+  report.deletions = counts.deletions;
+
+  // Litter, then one clean acquire and release per lock in a fresh process.
+  report.litterBeforeClean = readdirSync(lockDir).sort();
+  const [cmd, args] = options.clean
+    ? [options.clean[0], options.clean.slice(1)]
+    : fixtureCommand("inject_fixture.ts", []);
+  const clean = spawnSync(cmd, [...args, "clean", ...paths], {
+    encoding: "utf8",
+  });
+  for (const line of clean.stdout.trim().split("\n").filter(Boolean)) {
+    const step = JSON.parse(line);
+    if (!step.ok) report.violations.push(`final clean acquire: ${line}`);
+  }
+  report.leftAfterClean = existsSync(lockDir) ? readdirSync(lockDir) : [];
+  if (report.leftAfterClean.length > 0) {
+    report.violations.push(
+      `left after the clean acquire: ${report.leftAfterClean.join(", ")}`,
+    );
+  }
+  rmSync(lockDir, { recursive: true, force: true });
+  return report;
+}
+
+interface Session {
+  lock: number;
+  pid: number;
+  n: number;
+  /** The killer deleted this session's file (matched to its loss). */
+  deleted: boolean;
+  lost?: string;
+}
+
+/** Replays the log against the rules; see the top of this file. */
+export function analyse(
+  text: string,
+  base: {
+    seconds: number;
+    runtimes: string[];
+    locks: number;
+    workers: number;
+    processes: number;
+    runtimeOf: Map<number, string>;
+  },
+): SoakReport {
+  const violations: string[] = [];
+  const errorSamples: string[] = [];
+  const killed = new Set<number>();
+  const open = new Map<number, Session[]>(); // lock -> sessions inside
+  const sessions = new Map<string, Session>(); // "pid n" -> session
+  const pairs: [Session, Session][] = [];
+  // Deletions not yet matched to a loss: "lock pid" -> count.
+  const deletions = new Map<string, number>();
+  const deletedOnce = new Set<string>();
+  let acquisitions = 0;
+  let killsInside = 0;
+  let errors = 0;
+  let worstWaitMs = 0;
+  let lossesReported = 0;
+  let lossesBySignal = 0;
+  let lossesWithoutDeletion = 0;
+  const byRuntime: Record<string, number> = {};
+  const inside = (k: number) => open.get(k) ?? [];
+  for (const line of text.split("\n")) {
+    if (line === "") continue;
+    const [what, a, b, c, d] = line.split(" ");
+    switch (what) {
+      case "enter": {
+        const k = Number(a);
+        const pid = Number(b);
+        acquisitions++;
+        worstWaitMs = Math.max(worstWaitMs, Number(d));
+        const runtime = base.runtimeOf.get(pid) ?? "?";
+        byRuntime[runtime] = (byRuntime[runtime] ?? 0) + 1;
+        const session: Session = { lock: k, pid, n: Number(c), deleted: false };
+        // Sessions of SIGKILLed workers are over: the kernel dropped their
+        // flock. Anyone else still inside is an overlap.
+        const live = inside(k).filter((s) => !killed.has(s.pid));
+        for (const other of live) pairs.push([other, session]);
+        open.set(k, [...live, session]);
+        sessions.set(`${pid} ${c}`, session);
+        break;
+      }
+      case "leave": {
+        const k = Number(a);
+        open.set(
+          k,
+          inside(k).filter((s) => !(s.pid === Number(b) && s.n === Number(c))),
+        );
+        break;
+      }
+      case "lost": {
+        const session = sessions.get(`${b} ${c}`);
+        if (!session) {
+          violations.push(`a loss of a session never entered: ${line}`);
+          break;
+        }
+        session.lost = d;
+        lossesReported++;
+        if (d === "signal") lossesBySignal++;
+        // Every loss must be caused by a deletion of that lock's file while
+        // this worker held it, logged before the loss.
+        const key = `${a} ${b}`;
+        const left = deletions.get(key) ?? 0;
+        if (left > 0) {
+          deletions.set(key, left - 1);
+          session.deleted = true;
+        } else {
+          lossesWithoutDeletion++;
+          if (lossesWithoutDeletion <= 5) {
+            violations.push(`a loss with no deletion before it: ${line}`);
+          }
+        }
+        break;
+      }
+      case "deleted": {
+        const key = `${a} ${b}`;
+        deletions.set(key, (deletions.get(key) ?? 0) + 1);
+        deletedOnce.add(key);
+        break;
+      }
+      case "kill": {
+        const pid = Number(a);
+        killed.add(pid);
+        for (const list of open.values()) {
+          if (list.some((s) => s.pid === pid)) killsInside++;
+        }
+        break;
+      }
+      case "error":
+        errors++;
+        if (errorSamples.length < 5) errorSamples.push(line);
+        break;
+    }
+  }
+  // An overlap is explained only by a deletion of the file of one of the
+  // two sessions, reported by its holder as lost (or whose holder was
+  // SIGKILLed before it could report).
+  let overlapsReported = 0;
+  let overlapsHolderKilled = 0;
+  let overlapsUnexplained = 0;
+  for (const [x, y] of pairs) {
+    if ((x.deleted && x.lost) || (y.deleted && y.lost)) {
+      overlapsReported++;
+    } else if (
+      [x, y].some((s) =>
+        killed.has(s.pid) && !s.lost && deletedOnce.has(`${s.lock} ${s.pid}`)
+      )
+    ) {
+      overlapsHolderKilled++;
+    } else {
+      overlapsUnexplained++;
+      if (overlapsUnexplained <= 5) {
+        violations.push(
+          `overlap on lock ${x.lock}: pid ${x.pid} (round ${x.n}) was inside ` +
+            `when pid ${y.pid} (round ${y.n}) entered, and no reported ` +
+            `deletion explains it`,
+        );
+      }
+    }
+  }
+  if (errors > 0) violations.push(`${errors} worker errors`);
+  if (overlapsUnexplained > 5) {
+    violations.push(`${overlapsUnexplained} unexplained overlaps in all`);
+  }
+  return {
+    seconds: base.seconds,
+    runtimes: base.runtimes,
+    locks: base.locks,
+    workers: base.workers,
+    processes: base.processes,
+    acquisitions,
+    acquisitionsByRuntime: byRuntime,
+    kills: 0,
+    killsInside,
+    stops: 0,
+    deletions: 0,
+    overlaps: pairs.length,
+    overlapsReported,
+    overlapsHolderKilled,
+    overlapsUnexplained,
+    lossesReported,
+    lossesBySignal,
+    lossesWithoutDeletion,
+    errors,
+    errorSamples,
+    worstWaitMs: Math.round(worstWaitMs),
+    litterBeforeClean: [],
+    leftAfterClean: [],
+    violations,
+  };
+}
+
+/** The report as a few lines for a person. */
+export function summary(r: SoakReport): string {
+  const by = Object.entries(r.acquisitionsByRuntime)
+    .map(([k, v]) => `${k} ${v}`).join(", ");
+  return [
+    `soak: ${r.seconds} s, ${
+      r.runtimes.join("+")
+    }, ${r.locks} locks, ${r.workers} workers (${r.processes} processes in all)`,
+    `  acquisitions: ${r.acquisitions} (${by})`,
+    `  kills: ${r.kills} (${r.killsInside} inside the critical section), stops: ${r.stops}, deletions of a held lock's file: ${r.deletions}`,
+    `  overlaps (an entry while another worker was still inside): ${r.overlaps}; after a deletion, reported as lost by the holder: ${r.overlapsReported}; holder SIGKILLed before it could report: ${r.overlapsHolderKilled}; unexplained: ${r.overlapsUnexplained}`,
+    `  losses reported: ${r.lossesReported} (${r.lossesBySignal} by lock.signal before release), ${r.lossesWithoutDeletion} without a deletion`,
+    `  errors: ${r.errors}${
+      r.errorSamples.length ? ` e.g. ${r.errorSamples[0]}` : ""
+    }`,
+    `  worst wait: ${r.worstWaitMs} ms`,
+    `  litter after the run: ${
+      r.litterBeforeClean.filter((n) => n.endsWith(".tmp")).length
+    } temp files, ${
+      r.litterBeforeClean.filter((n) => !n.endsWith(".tmp")).length
+    } lock files (stale or held by the last workers); after one clean acquire per lock: ${r.leftAfterClean.length}`,
+    `  violations: ${r.violations.length ? r.violations.join("; ") : "none"}`,
+  ].join("\n");
+}
