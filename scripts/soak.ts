@@ -138,7 +138,13 @@ try {
     writeFileSync(values.report, JSON.stringify(written, null, 2) + "\n");
     console.log(`report written to ${values.report}`);
   }
-  if (report.violations.length > 0) process.exitCode = 1;
+  if (report.violations.length > 0) {
+    // Keep the log for a post-mortem.
+    const kept = `${values.report ?? join(root, "npm", "soak")}.log`;
+    cpSync(join(dir, "log"), kept);
+    console.log(`violations: the log is kept at ${kept}`);
+    process.exitCode = 1;
+  }
 } finally {
   cleanup();
 }

@@ -14,8 +14,13 @@
 //   and the holder must report the loss (lock.signal, or release() throwing
 //   LockLostError). Every overlap must be explained by such a reported loss
 //   (or by a holder SIGKILLed before it could report), and every reported
-//   loss by a deletion of that holder's file: never a silent overlap, never
-//   a loss without a cause;
+//   loss by a deletion: of that holder's own file, or one made while
+//   another holder of the same lock whose file was deleted had not finished
+//   its release. (That second kind is real: a holder paused between the
+//   lstat and the unlink of its release, whose file someone deletes in that
+//   window, unlinks its successor's file when it goes on; the successor
+//   reports the loss. Counted apart as "cascade" losses.) Never a silent
+//   overlap, never a loss without a deletion before it;
 // - no worker reports any other error;
 // - after the run, one clean acquire and release of each lock in a fresh
 //   process leaves the directory empty.
@@ -58,6 +63,11 @@ export interface SoakReport {
   overlapsUnexplained: number;
   lossesReported: number;
   lossesBySignal: number;
+  /**
+   * Losses of a holder whose own file was not deleted, while a deleted
+   * holder of the same lock had not finished its release (see the top).
+   */
+  lossesCascade: number;
   /** Losses reported with no deletion during the session: must be 0. */
   lossesWithoutDeletion: number;
   errors: number;
@@ -281,6 +291,12 @@ interface Session {
   n: number;
   /** The killer deleted this session's file (matched to its loss). */
   deleted: boolean;
+  /**
+   * While it was open, a holder of the same lock whose file the killer
+   * deleted had not finished its release (whose unlink may then hit this
+   * session's file).
+   */
+  exposed: boolean;
   lost?: string;
 }
 
@@ -305,6 +321,11 @@ export function analyse(
   // Deletions not yet matched to a loss: "lock pid" -> count.
   const deletions = new Map<string, number>();
   const deletedOnce = new Set<string>();
+  // Per lock: pids whose file the killer deleted and whose release has not
+  // finished yet.
+  const pending = new Map<number, Set<number>>();
+  const graceEnters = new Map<number, number>();
+  let cascadeLosses = 0;
   let acquisitions = 0;
   let killsInside = 0;
   let errors = 0;
@@ -325,7 +346,17 @@ export function analyse(
         worstWaitMs = Math.max(worstWaitMs, Number(d));
         const runtime = base.runtimeOf.get(pid) ?? "?";
         byRuntime[runtime] = (byRuntime[runtime] ?? 0) + 1;
-        const session: Session = { lock: k, pid, n: Number(c), deleted: false };
+        const session: Session = {
+          lock: k,
+          pid,
+          n: Number(c),
+          deleted: false,
+          exposed: (pending.get(k)?.size ?? 0) > 0 ||
+            (graceEnters.get(k) ?? 0) > 0,
+        };
+        if ((graceEnters.get(k) ?? 0) > 0) {
+          graceEnters.set(k, graceEnters.get(k)! - 1);
+        }
         // Sessions of SIGKILLed workers are over: the kernel dropped their
         // flock. Anyone else still inside is an overlap.
         const live = inside(k).filter((s) => !killed.has(s.pid));
@@ -358,6 +389,8 @@ export function analyse(
         if (left > 0) {
           deletions.set(key, left - 1);
           session.deleted = true;
+        } else if (session.exposed) {
+          cascadeLosses++;
         } else {
           lossesWithoutDeletion++;
           if (lossesWithoutDeletion <= 5) {
@@ -370,11 +403,26 @@ export function analyse(
         const key = `${a} ${b}`;
         deletions.set(key, (deletions.get(key) ?? 0) + 1);
         deletedOnce.add(key);
+        const k = Number(a);
+        if (!pending.has(k)) pending.set(k, new Set());
+        pending.get(k)!.add(Number(b));
+        for (const s of inside(k)) if (s.pid !== Number(b)) s.exposed = true;
+        break;
+      }
+      case "released": {
+        // A successor that linked its file before this release's unlink may
+        // log its "enter" after this line: the next two entries on the lock
+        // still count as exposed.
+        const set = pending.get(Number(a));
+        if (set?.delete(Number(b))) {
+          graceEnters.set(Number(a), (graceEnters.get(Number(a)) ?? 0) + 2);
+        }
         break;
       }
       case "kill": {
         const pid = Number(a);
         killed.add(pid);
+        for (const set of pending.values()) set.delete(pid);
         for (const list of open.values()) {
           if (list.some((s) => s.pid === pid)) killsInside++;
         }
@@ -393,7 +441,10 @@ export function analyse(
   let overlapsHolderKilled = 0;
   let overlapsUnexplained = 0;
   for (const [x, y] of pairs) {
-    if ((x.deleted && x.lost) || (y.deleted && y.lost)) {
+    if (
+      ((x.deleted || x.exposed) && x.lost) ||
+      ((y.deleted || y.exposed) && y.lost)
+    ) {
       overlapsReported++;
     } else if (
       [x, y].some((s) =>
@@ -434,6 +485,7 @@ export function analyse(
     overlapsUnexplained,
     lossesReported,
     lossesBySignal,
+    lossesCascade: cascadeLosses,
     lossesWithoutDeletion,
     errors,
     errorSamples,
@@ -454,8 +506,8 @@ export function summary(r: SoakReport): string {
     }, ${r.locks} locks, ${r.workers} workers (${r.processes} processes in all)`,
     `  acquisitions: ${r.acquisitions} (${by})`,
     `  kills: ${r.kills} (${r.killsInside} inside the critical section), stops: ${r.stops}, deletions of a held lock's file: ${r.deletions}`,
-    `  overlaps (an entry while another worker was still inside): ${r.overlaps}; after a deletion, reported as lost by the holder: ${r.overlapsReported}; holder SIGKILLed before it could report: ${r.overlapsHolderKilled}; unexplained: ${r.overlapsUnexplained}`,
-    `  losses reported: ${r.lossesReported} (${r.lossesBySignal} by lock.signal before release), ${r.lossesWithoutDeletion} without a deletion`,
+    `  overlaps (an entry while another worker was still inside): ${r.overlaps}; after a deletion, reported as lost: ${r.overlapsReported}; holder SIGKILLed before it could report: ${r.overlapsHolderKilled}; unexplained: ${r.overlapsUnexplained}`,
+    `  losses reported: ${r.lossesReported} (${r.lossesBySignal} by lock.signal before release; ${r.lossesCascade} cascade: a deleted holder's late release unlinked its successor's file), ${r.lossesWithoutDeletion} without a deletion`,
     `  errors: ${r.errors}${
       r.errorSamples.length ? ` e.g. ${r.errorSamples[0]}` : ""
     }`,
