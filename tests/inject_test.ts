@@ -135,27 +135,16 @@ const fails = (
 
 /**
  * ENOLCK (no flock here: NFS without a lock manager) is the documented
- * UnsupportedFilesystemError on Node and Bun. Deno gives ENOLCK no error
- * code (its errors carry codes only for the kinds it names), so the Deno
- * platform sees an unknown errno and it is a RunlockError with the OS's
- * message, "No locks available (os error 37)": a platform fix, not one of
- * the core's mapping (asked for in the issue's closing note).
+ * UnsupportedFilesystemError on every runtime. (Deno gives ENOLCK no error
+ * code; its platform reads the errno from "(os error 37)".)
  */
-function noLocks(step: Outcome["step"], action: RegExp): Outcome | {
-  deno: Outcome;
-  node: Outcome;
-  bun: Outcome;
-} {
+function noLocks(step: Outcome["step"], _action: RegExp): Outcome {
   const typed = fails(
     step,
     "UnsupportedFilesystemError",
     /does not support flock/,
   );
-  return {
-    deno: fails(step, "RunlockError", action),
-    node: typed,
-    bun: typed,
-  };
+  return typed;
 }
 
 const CREATE = /: cannot create the lock: /;

@@ -29,14 +29,50 @@ const BY_CLASS: [new (...args: never[]) => Error, string][] = [
   [Deno.errors.NotSupported, "ENOTSUP"],
 ];
 
+// Linux errno numbers for the errors Deno reports only as "(os error N)"
+// (it gives an error code to the kinds it names, not to ENOLCK, EDQUOT...).
+const ERRNO: Record<number, string> = {
+  1: "EPERM",
+  2: "ENOENT",
+  4: "EINTR",
+  5: "EIO",
+  6: "ENXIO",
+  9: "EBADF",
+  12: "ENOMEM",
+  13: "EACCES",
+  16: "EBUSY",
+  17: "EEXIST",
+  18: "EXDEV",
+  20: "ENOTDIR",
+  21: "EISDIR",
+  22: "EINVAL",
+  23: "ENFILE",
+  24: "EMFILE",
+  27: "EFBIG",
+  28: "ENOSPC",
+  30: "EROFS",
+  31: "EMLINK",
+  36: "ENAMETOOLONG",
+  37: "ENOLCK",
+  38: "ENOSYS",
+  40: "ELOOP",
+  95: "EOPNOTSUPP",
+  122: "EDQUOT",
+};
+
 function sysError(err: unknown, syscall: string, path: string): SysError {
   if (err instanceof SysError) return err;
   let code = "EUNKNOWN";
   const errno = (err as { code?: unknown } | null)?.code;
+  const osError = /\(os error (\d+)\)/.exec(
+    err instanceof Error ? err.message : "",
+  );
   if (err instanceof Deno.errors.NotCapable) {
     code = "NOTCAPABLE";
   } else if (typeof errno === "string") {
     code = errno;
+  } else if (LINUX && osError && ERRNO[Number(osError[1])]) {
+    code = ERRNO[Number(osError[1])];
   } else {
     for (const [cls, name] of BY_CLASS) {
       if (err instanceof cls) {
