@@ -156,16 +156,21 @@ export async function soak(options: SoakOptions): Promise<SoakReport> {
   };
 
   const note = (line: string) => appendFileSync(log, line + "\n");
-  // SIGSTOP for 20-300 ms, then SIGCONT.
-  const stop = (victim: Worker) => {
+  // SIGSTOP, then SIGCONT 20-300 ms later (by the returned function, when
+  // `later` is false: the caller decides when).
+  const stop = (victim: Worker, later = true): () => void => {
     victim.stopped = true;
     note(`stop ${victim.child.pid}`);
     signal(victim, "SIGSTOP");
     counts.stops++;
-    setTimeout(() => {
-      victim.stopped = false;
-      signal(victim, "SIGCONT");
-    }, 20 + Math.random() * 280);
+    const resume = () => {
+      setTimeout(() => {
+        victim.stopped = false;
+        signal(victim, "SIGCONT");
+      }, 20 + Math.random() * 280);
+    };
+    if (later) resume();
+    return resume;
   };
   let step = 0;
   let lastReport = Date.now();
@@ -206,17 +211,21 @@ export async function soak(options: SoakOptions): Promise<SoakReport> {
         // keeps its flock) and the log can tell whose lock was deleted.
         const victim = holderOf(k);
         if (!victim || victim.stopped) continue;
-        stop(victim);
+        // Stopped until the deletion is done (its SIGCONT is scheduled
+        // only then, so a loaded machine's late timers cannot let it go
+        // on in between); if it still holds the lock, the file is its.
+        const resume = stop(victim, false);
         await delay(20);
-        // Still stopped (its SIGCONT may come as soon as 20 ms) and still
-        // the holder: only then is the file surely its.
-        if (!victim.stopped || holderOf(k) !== victim) continue;
         try {
-          unlinkSync(paths[k]);
-          note(`deleted ${k} ${victim.child.pid}`);
-          counts.deletions++;
+          if (holderOf(k) === victim) {
+            unlinkSync(paths[k]);
+            note(`deleted ${k} ${victim.child.pid}`);
+            counts.deletions++;
+          }
         } catch {
           // Gone already.
+        } finally {
+          resume();
         }
       }
       if (Date.now() - lastReport > 10_000) {
