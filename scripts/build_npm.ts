@@ -7,6 +7,11 @@
 //   npm/tests/          the same test files, compiled to JavaScript, for
 //                       Node and Bun (scripts/test_npm.ts runs them)
 //
+// Entry points: "runlock" (mod.ts), "runlock/cli" (src/cli.ts) and
+// "runlock/postgres" (src/postgres/mod.ts), plus the `runlock` bin. The
+// PostgreSQL client `pg` is a dependency of the package, left external in
+// every bundle and loaded by the first database connection only.
+//
 // The runtime-specific file is swapped here: src/platform/current.ts (which
 // exports the Deno platform) is replaced by current.node.ts (koffi flock), so
 // no Deno code ships to npm, and deno.json's publish list keeps the Node
@@ -34,7 +39,39 @@ const out = join(root, "npm");
 const pkgDir = join(out, "package");
 const stage = join(out, ".stage");
 const config = JSON.parse(readFileSync(join(root, "deno.json"), "utf8"));
-const koffiVersion = config.imports.koffi.replace(/^npm:koffi@/, "");
+/** The exact version deno.json's import map pins for the npm package `name`. */
+function pinned(name: string): string {
+  const spec: string | undefined = config.imports[name];
+  const m = spec?.match(new RegExp(`^npm:${name}@(\\d[^/]*)$`));
+  if (!m) {
+    throw new Error(`deno.json must map "${name}" to npm:${name}@<version>`);
+  }
+  return m[1];
+}
+// The package's runtime dependencies, pinned as deno.json pins them.
+const dependencies = { koffi: pinned("koffi"), pg: pinned("pg") };
+
+/**
+ * `npm:name@version` specifiers (Deno's) as the bare names Node, Bun and
+ * esbuild resolve from the package's dependencies (sources should import
+ * the bare name that deno.json maps, as src/postgres/_session.ts does with
+ * "pg"; this keeps a stray npm: specifier from breaking the bundles). An
+ * npm: specifier of anything else is an error: the package would not
+ * install it.
+ */
+function bareNpmSpecifiers(text: string, file: string): string {
+  return text.replace(
+    /(["'])npm:((?:@[^/"']+\/)?[^@/"']+)@[^"']*\1/g,
+    (_m, q, name) => {
+      if (!(name in dependencies)) {
+        throw new Error(
+          `${file} imports npm:${name}, which is not a dependency of the npm package`,
+        );
+      }
+      return `${q}${name}${q}`;
+    },
+  );
+}
 
 function walk(dir: string): string[] {
   return readdirSync(dir).flatMap((name) => {
@@ -71,7 +108,10 @@ for (const file of sources) {
   const from = file === "src/platform/current.ts"
     ? "src/platform/current.node.ts"
     : file;
-  write(join(stage, file), readFileSync(join(root, from), "utf8"));
+  write(
+    join(stage, file),
+    bareNpmSpecifiers(readFileSync(join(root, from), "utf8"), file),
+  );
 }
 
 // 2. Compile: tsc for the declarations (with their JSDoc) and the ES module
@@ -102,19 +142,36 @@ fail(
 );
 
 // Ship only the declarations that the entry points (mod.d.ts and, for
-// "runlock/cli", src/cli.d.ts) reach, not the internals'.
+// "runlock/cli" and "runlock/postgres", src/cli.d.ts and
+// src/postgres/mod.d.ts) reach, not the internals'.
 const reached = new Set<string>();
-const queue = [join(tscOut, "mod.d.ts"), join(tscOut, "src", "cli.d.ts")];
+const queue = [
+  join(tscOut, "mod.d.ts"),
+  join(tscOut, "src", "cli.d.ts"),
+  join(tscOut, "src", "postgres", "mod.d.ts"),
+];
 while (queue.length > 0) {
   const file = queue.pop()!;
   if (reached.has(file)) continue;
   reached.add(file);
+  // Code only: the JSDoc examples import the JSR names and node: modules.
+  const text = readFileSync(file, "utf8").replace(/\/\*[\s\S]*?\*\//g, "");
   for (
-    const [, spec] of readFileSync(file, "utf8").matchAll(
-      /from ["'](\.{1,2}\/[^"']+)\.ts["']/g,
+    const [, spec] of text.matchAll(
+      /(?:from |import\()["']([^"']+)["']/g,
     )
   ) {
-    queue.push(join(dirname(file), `${spec}.d.ts`));
+    if (/^\.{1,2}\//.test(spec)) {
+      queue.push(join(dirname(file), spec.replace(/\.ts$/, ".d.ts")));
+    } else if (!spec.startsWith("node:")) {
+      // A user's type check must not need the database client's types (pg
+      // ships none) or anything else the package does not declare.
+      throw new Error(
+        `${
+          relative(tscOut, file)
+        } refers to "${spec}": declarations may import only the package's own files and node: modules`,
+      );
+    }
   }
 }
 for (const file of walk(tscOut)) {
@@ -123,13 +180,20 @@ for (const file of walk(tscOut)) {
 
 // Declarations: esm/*.d.ts and, for require, the same as cjs/*.d.cts. Their
 // specifiers point at the sources' .ts files: point them at .js/.cjs.
-// Examples in the docs import the JSR name; on npm the package is "runlock".
+// Examples in the docs import the JSR name ("@runlock/runlock",
+// "@runlock/runlock/cli", "@runlock/runlock/postgres"); on npm the package
+// is "runlock".
 for (const file of walk(tscOut).filter((f) => f.endsWith(".d.ts"))) {
   const rel = relative(tscOut, file);
   const text = readFileSync(file, "utf8")
-    .replaceAll('from "@runlock/runlock"', 'from "runlock"')
-    .replaceAll('from "@runlock/runlock/cli"', 'from "runlock/cli"');
-  const spec = /(from ["']\.{1,2}\/[^"']*)\.ts(["'])/g;
+    .replace(
+      /(from ["'])@runlock\/runlock((?:\/[a-z]+)?["'])/g,
+      "$1runlock$2",
+    );
+  if (/["']@runlock\/runlock/.test(text)) {
+    throw new Error(`${rel} still imports the JSR package's name`);
+  }
+  const spec = /((?:from |import\()["']\.{1,2}\/[^"']*)\.ts(["'])/g;
   write(join(pkgDir, "esm", rel), text.replace(spec, "$1.js$2"));
   write(
     join(pkgDir, "cjs", rel.replace(/\.d\.ts$/, ".d.cts")),
@@ -153,6 +217,10 @@ function bundle(
     `--format=${format}`,
     "--external:koffi",
     "--external:bun:ffi",
+    // The PostgreSQL client: a dependency of the package, imported by
+    // src/postgres/ on its first connection only (`import("pg")`), so that
+    // file-lock users and `runlock` without --db never load it.
+    "--external:pg",
     "--log-level=warning",
     `--outfile=${outfile}`,
     ...extra,
@@ -170,33 +238,117 @@ function bundle(
 bundle("esm", join(tscOut, "mod.js"), join(pkgDir, "esm", "mod.js"));
 bundle("cjs", join(tscOut, "mod.js"), join(pkgDir, "cjs", "mod.cjs"));
 
+// "runlock/postgres": pgLocks and its errors. The error classes it
+// re-exports (HeldError, LockLostError, ...) must be runlock's own, not a
+// second copy, or `err instanceof HeldError` fails for a program that
+// imports HeldError from "runlock" and locks through "runlock/postgres"
+// (tests/postgres_contract_test.ts checks it). So the bundle takes them
+// from the package's own name, left external: in a copy of the compiled
+// tree, every import of src/errors.js, whoever makes it, becomes "runlock".
+const errorsModule = join(tscOut, "src", "errors.js");
+const errorNames = new Set(Object.keys(await import("../src/errors.ts")));
+const libraryNames = new Set(Object.keys(await import("../mod.ts")));
+for (const name of errorNames) {
+  if (!libraryNames.has(name)) {
+    throw new Error(
+      `src/errors.ts exports ${name} but mod.ts does not: "runlock/postgres" takes the errors from "runlock"`,
+    );
+  }
+}
+const pgTree = join(out, ".tsc-postgres");
+for (const file of walk(tscOut).filter((f) => f.endsWith(".js"))) {
+  const text = readFileSync(file, "utf8").replace(
+    /((?:from |import\()["'])(\.{1,2}\/[^"']+)(["'])/g,
+    (m, before, spec, after) =>
+      join(dirname(file), spec) === errorsModule
+        ? `${before}runlock${after}`
+        : m,
+  );
+  write(join(pgTree, relative(tscOut, file)), text);
+}
+for (
+  const [format, file] of [
+    ["esm", "postgres.js"],
+    ["cjs", "postgres.cjs"],
+  ] as const
+) {
+  bundle(
+    format,
+    join(pgTree, "src", "postgres", "mod.js"),
+    join(pkgDir, format, file),
+    ["--external:runlock"],
+  );
+  // One copy of the error classes: none may be defined in this bundle.
+  const code = readFileSync(join(pkgDir, format, file), "utf8");
+  for (const name of errorNames) {
+    if (new RegExp(`\\bclass ${name}\\b`).test(code)) {
+      throw new Error(
+        `${format}/${file} defines its own ${name}: "instanceof" would fail across "runlock" and "runlock/postgres"`,
+      );
+    }
+  }
+}
+rmSync(pgTree, { recursive: true, force: true });
+
 // "runlock/cli": main() and CliIo, for programs that run the command line
 // in-process. It imports the library through the package's own name
 // (external), so that a program importing both "runlock" and "runlock/cli"
-// has one copy of the library and its per-process state.
-const cliSource = join(tscOut, "src", "cli.js");
-write(
-  join(tscOut, "src", "cli.lib.js"),
-  readFileSync(cliSource, "utf8").replace(
-    /from ["']\.\.\/mod\.js["']/,
-    'from "runlock"',
-  ),
-);
+// has one copy of the library and its per-process state; likewise the
+// PostgreSQL backend (loaded by --db only) as "runlock/postgres".
+const cliSource = readFileSync(join(tscOut, "src", "cli.js"), "utf8");
 for (const [format, file] of [["esm", "cli.js"], ["cjs", "cli.cjs"]] as const) {
+  const lib = join(tscOut, "src", `cli.lib.${format}.js`);
+  const text = cliSource
+    .replace(/from ["']\.\.\/mod\.js["']/, 'from "runlock"')
+    .replace(
+      /import\(["']\.\/postgres\/mod\.js["']\)/g,
+      // esbuild keeps import() in CommonJS output, and Node's import()
+      // takes the package's "import" condition: a CommonJS program would
+      // get the ES module copy of the library beside its own. require()
+      // keeps it on the CommonJS copy.
+      format === "esm"
+        ? 'import("runlock/postgres")'
+        : 'Promise.resolve().then(() => require("runlock/postgres"))',
+    );
+  // Anything else relative but ./version.js (a constant) would be a second
+  // copy of library code in this bundle.
+  const unmapped = [
+    ...text.matchAll(/(?:from |import\()["'](\.{1,2}\/[^"']+)["']/g),
+  ]
+    .map(([, spec]) => spec)
+    .filter((spec) => spec !== "./version.js");
+  if (unmapped.length > 0) {
+    throw new Error(
+      `src/cli.ts imports ${
+        unmapped.join(", ")
+      }: map it for "runlock/cli" in scripts/build_npm.ts`,
+    );
+  }
+  write(lib, text);
   bundle(
     format,
-    join(tscOut, "src", "cli.lib.js"),
+    lib,
     join(pkgDir, format, file),
     [
       "--external:runlock",
+      "--external:runlock/postgres",
       // cli.ts runs main itself when it is the entry module; a library never
       // is.
       "--define:import.meta.main=false",
     ],
   );
+  const code = readFileSync(join(pkgDir, format, file), "utf8");
+  if (/\bclass (HeldError|PgLock|KeyCollisionError)\b/.test(code)) {
+    throw new Error(`${format}/${file} bundles the library or the backend`);
+  }
 }
 
-// The `runlock` bin: the CLI and the library in one ES module file.
+// The `runlock` bin: the CLI and the library in one ES module file. The
+// PostgreSQL backend, which the CLI imports dynamically (--db only), goes
+// in the same file (esbuild wraps it so that it runs only when imported),
+// with its one copy of the errors; `pg` stays external. A `bun build
+// --compile` of this file bundles `pg` from node_modules, so the binary
+// works with --db too.
 write(
   join(tscOut, "bin.js"),
   `import process from "node:process";\n` +
@@ -217,6 +369,8 @@ for (
     "cjs/mod.cjs",
     "esm/cli.js",
     "cjs/cli.cjs",
+    "esm/postgres.js",
+    "cjs/postgres.cjs",
     "bin/runlock.js",
   ]
 ) {
@@ -259,6 +413,16 @@ const pkg = {
       import: { types: "./esm/src/cli.d.ts", default: "./esm/cli.js" },
       require: { types: "./cjs/src/cli.d.cts", default: "./cjs/cli.cjs" },
     },
+    "./postgres": {
+      import: {
+        types: "./esm/src/postgres/mod.d.ts",
+        default: "./esm/postgres.js",
+      },
+      require: {
+        types: "./cjs/src/postgres/mod.d.cts",
+        default: "./cjs/postgres.cjs",
+      },
+    },
     "./package.json": "./package.json",
   },
   bin: { runlock: "bin/runlock.js" },
@@ -266,6 +430,7 @@ const pkg = {
     "esm/",
     "cjs/",
     "cli/",
+    "postgres/",
     "bin/",
     "README.md",
     "LICENSE",
@@ -274,65 +439,52 @@ const pkg = {
   sideEffects: false,
   engines: { node: ">=20" },
   os: ["linux", "darwin", "freebsd", "openbsd", "netbsd"],
-  dependencies: { koffi: koffiVersion },
+  // pg (about 1 MB in 14 small packages) is installed for every user but
+  // loaded only by "runlock/postgres" on its first connection; a plain
+  // dependency rather than an optional peer, so `runlock --db` works from
+  // any install.
+  dependencies,
 };
 write(join(pkgDir, "package.json"), JSON.stringify(pkg, null, 2) + "\n");
 // For resolvers that predate "exports" (TypeScript's moduleResolution
-// "node10", old bundlers): "runlock/cli" is then the directory cli/.
-write(
-  join(pkgDir, "cli", "package.json"),
-  JSON.stringify(
-    {
-      private: true,
-      main: "../cjs/cli.cjs",
-      types: "../cjs/src/cli.d.cts",
-    },
-    null,
-    2,
-  ) + "\n",
-);
+// "node10", old bundlers): "runlock/cli" is then the directory cli/, and
+// "runlock/postgres" the directory postgres/.
+for (const [dir, types] of [["cli", "cli"], ["postgres", "postgres/mod"]]) {
+  write(
+    join(pkgDir, dir, "package.json"),
+    JSON.stringify(
+      {
+        private: true,
+        main: `../cjs/${dir}.cjs`,
+        types: `../cjs/src/${types}.d.cts`,
+      },
+      null,
+      2,
+    ) + "\n",
+  );
+}
 for (const file of ["README.md", "LICENSE", "PROTOCOL.md"]) {
   copyFileSync(join(root, file), join(pkgDir, file));
 }
 
 // 4. The test suite, compiled for Node and Bun. Tests import the library
-// through ./_entry.js, which scripts/test_npm.ts points at the package's ESM
-// or CommonJS entry; everything else is the same file.
-const allTestFiles = walk(join(root, "tests")).filter((f) => f.endsWith(".ts"));
-// The PostgreSQL backend (src/postgres/) is not in the npm package yet: its
-// tests, and the files that import them, stay Deno-only until it is.
-const notShipped = /(["'])(?:\.\.\/)+src\/postgres\//;
-const denoOnly = new Set(
-  allTestFiles.filter((f) => notShipped.test(readFileSync(f, "utf8"))),
-);
-for (let grew = true; grew;) {
-  grew = false;
-  for (const file of allTestFiles) {
-    if (denoOnly.has(file)) continue;
-    const imports = [
-      ...readFileSync(file, "utf8").matchAll(/from ["'](\.{1,2}\/[^"']+)["']/g),
-    ].map(([, spec]) => join(dirname(file), spec));
-    if (imports.some((f) => denoOnly.has(f))) {
-      denoOnly.add(file);
-      grew = true;
-    }
-  }
-}
-if (denoOnly.size > 0) {
-  console.log(
-    `not compiled for npm (they import src/postgres/, not shipped on npm yet): ${
-      [...denoOnly].map((f) => relative(root, f)).join(", ")
-    }`,
-  );
-}
-const testFiles = allTestFiles.filter((f) => !denoOnly.has(f));
+// through ./_entry.js, the CLI module through ./_cli_entry.js and the
+// PostgreSQL backend through ./_entry_postgres.js, which scripts/test_npm.ts
+// points at the package's ESM or CommonJS entries; everything else is the
+// same file. (tests/fixtures/pg_measure.ts, a by-hand baseline that imports
+// pg itself, is compiled too: it runs under Node with the package's pg.)
+const testFiles = walk(join(root, "tests")).filter((f) => f.endsWith(".ts"));
 for (const file of testFiles) {
   const rel = relative(join(root, "tests"), file);
   const up = rel.includes("/") ? "../" : "./";
-  const source = readFileSync(file, "utf8")
+  const source = bareNpmSpecifiers(readFileSync(file, "utf8"), rel)
     .replace(
       /(["'])(?:\.\.\/)+mod\.ts\1/g,
       (_m, q) => `${q}${up}_entry.js${q}`,
+    )
+    .replace(
+      /(["'])(?:(?:\.\.\/)+src\/postgres\/mod\.ts|@runlock\/runlock\/postgres)\1/g,
+      (_m, q) => `${q}${up}_entry_postgres.js${q}`,
     )
     .replace(
       /(["'])@runlock\/runlock\/cli\1/g,
@@ -366,6 +518,17 @@ write(
   `import { createRequire } from "node:module";\n` +
     `const runlock = createRequire(import.meta.url)("runlock");\n` +
     `export const { ${names.join(", ")} } = runlock;\n`,
+);
+const pgNames = Object.keys(await import("../src/postgres/mod.ts")).sort();
+write(
+  join(out, "tests", "_entry_postgres.esm.js"),
+  `export * from "runlock/postgres";\n`,
+);
+write(
+  join(out, "tests", "_entry_postgres.cjs.js"),
+  `import { createRequire } from "node:module";\n` +
+    `const postgres = createRequire(import.meta.url)("runlock/postgres");\n` +
+    `export const { ${pgNames.join(", ")} } = postgres;\n`,
 );
 write(
   join(out, "tests", "_cli_entry.esm.js"),
