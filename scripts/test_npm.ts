@@ -117,15 +117,18 @@ await step("README: npm install of the tarball into a scratch project", () => {
   run("sh", ["-c", installLine.replaceAll("/path/to/runlock", root)], {
     cwd: scratch,
   });
-  if (!process.env.RUNLOCK_SKIP_BUN) {
-    run("npm", [
-      "install",
-      "--no-audit",
-      "--no-fund",
-      "--loglevel=error",
-      `bun@${BUN}`,
-    ], { cwd: scratch });
-  }
+  // What the tests import besides runlock: fast-check (the property tests),
+  // at the version deno.json pins for the Deno run; and Bun.
+  const fastCheck = JSON.parse(readFileSync(join(root, "deno.json"), "utf8"))
+    .imports["fast-check"].replace(/^npm:/, "");
+  run("npm", [
+    "install",
+    "--no-audit",
+    "--no-fund",
+    "--loglevel=error",
+    fastCheck,
+    ...(process.env.RUNLOCK_SKIP_BUN ? [] : [`bun@${BUN}`]),
+  ], { cwd: scratch });
   // The same compiled tests twice: once importing the ESM entry, once the
   // CommonJS entry (through createRequire).
   for (const entry of ["esm", "cjs"]) {
