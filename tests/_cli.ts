@@ -68,7 +68,10 @@ export class Background {
       this.lines.push(l);
       this.#waiters.splice(0).forEach((w) => w());
     });
-    this.child.stderr!.on("data", (d) => (this.#stderr += d));
+    this.child.stderr!.on("data", (d) => {
+      this.#stderr += d;
+      this.#waiters.splice(0).forEach((w) => w());
+    });
     this.exited = new Promise((resolve) =>
       this.child.on("close", (code, signal) => resolve({ code, signal }))
     );
@@ -96,6 +99,27 @@ export class Background {
     }
     throw new Error(
       `no line matching ${pattern}: ${this.lines.join("|")} ${this.#stderr}`,
+    );
+  }
+
+  /**
+   * Waits up to 20 s until stderr matches `pattern`, and returns the match;
+   * it wakes on each chunk, so a test can time when a message came.
+   */
+  async stderrMatch(pattern: RegExp): Promise<RegExpMatchArray> {
+    const deadline = Date.now() + 20_000;
+    while (Date.now() < deadline) {
+      const m = this.#stderr.match(pattern);
+      if (m) return m;
+      await Promise.race([
+        new Promise<void>((r) => this.#waiters.push(r)),
+        delay(50),
+      ]);
+    }
+    throw new Error(
+      `stderr never matched ${pattern}: ${this.#stderr} | ${
+        this.lines.join("|")
+      }`,
     );
   }
 

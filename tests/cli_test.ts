@@ -8,6 +8,9 @@ import {
   mkdirSync,
   readdirSync,
   readFileSync,
+  renameSync,
+  statSync,
+  unlinkSync,
   writeFileSync,
 } from "node:fs";
 import { constants, hostname } from "node:os";
@@ -24,7 +27,14 @@ import {
   processState,
   start,
 } from "./_cli.ts";
-import { delay, holder, processExists, runtime, tempDir } from "./_helpers.ts";
+import {
+  deadPid,
+  delay,
+  holder,
+  processExists,
+  runtime,
+  tempDir,
+} from "./_helpers.ts";
 
 const [cmd, ...pre] = cliCommand();
 
@@ -81,6 +91,63 @@ function cliIn(cwd: string, ...args: string[]) {
   const r = spawnSync(cmd, [...pre, ...args], { cwd, encoding: "utf8" });
   return { code: r.status, stdout: r.stdout, stderr: r.stderr };
 }
+
+/** The shell loop of a command that runs until the file "$1" exists. */
+const UNTIL_DONE =
+  'echo ready; while [ ! -e "$1" ]; do sleep 0.05; done; exit "${2:-0}"';
+
+/**
+ * `runlock run [options] <path> -- sh -c UNTIL_DONE sh <done> [args...]`,
+ * once the command runs. Its recorded command line is `recorded(...)`.
+ */
+async function running(
+  path: string,
+  done: string,
+  options: string[] = [],
+  args: string[] = [],
+): Promise<Background> {
+  const wrapper = start(
+    "run",
+    ...options,
+    path,
+    "--",
+    "sh",
+    "-c",
+    UNTIL_DONE,
+    "sh",
+    done,
+    ...args,
+  );
+  await wrapper.line(/^ready$/);
+  return wrapper;
+}
+
+/** The words of a command line, as bash reads them back (eval). */
+function bashWords(line: string): string[] {
+  const r = spawnSync(
+    "bash",
+    ["-c", 'eval "set -- $1"; printf "%s\\0" "$@"', "bash", line],
+    // (UTF-8, so that $'\u2028' reads as that character.)
+    { encoding: "utf8", env: { ...process.env, LC_ALL: "C.UTF-8" } },
+  );
+  assert.equal(r.status, 0, r.stderr);
+  return r.stdout.split("\0").slice(0, -1);
+}
+
+/** A runlock record written by hand (a run that is gone). */
+function record(
+  path: string,
+  pid: number,
+  fields: Record<string, string>,
+): void {
+  const lines = Object.entries(fields).map(([k, v]) => `${k}=${v}\n`);
+  writeFileSync(path, `${pid}\nrunlock 1\n${lines.join("")}`);
+}
+
+/** Whether this process may make a PID namespace (root, with unshare(1)). */
+const canUnshare = process.getuid?.() === 0 &&
+  spawnSync("unshare", ["--pid", "--fork", "--kill-child", "true"]).status ===
+    0;
 
 describe("runlock status", () => {
   test("free: prints 'free', exit 1", () => {
@@ -229,6 +296,11 @@ describe("runlock run", () => {
       const { code } = await waiter.exited;
       assert.equal(code, 0, waiter.stderr());
       assert.ok(existsSync(marker));
+      assert.equal(
+        waiter.stderr(),
+        "",
+        "no waiting line when stderr is not a terminal",
+      );
     } finally {
       await first.kill();
       cleanup();
@@ -318,7 +390,10 @@ describe("runlock run", () => {
       pid = await readyPid(wrapper);
       wrapper.signal("SIGTSTP");
       await until(() => /^T/.test(processState(wrapper.pid)));
-      assert.match(processState(pid), /^T/, "the command is stopped");
+      // runlock stops the command's group first, then itself; a stop takes
+      // effect when the stopped process next runs, which on a loaded
+      // machine can be after runlock's own.
+      await until(() => /^T/.test(processState(pid)));
       assert.equal(cli("status", path).code, 0, "the lock is held");
       wrapper.signal("SIGCONT");
       await wrapper.line(/^got SIGCONT 1$/);
@@ -493,10 +568,495 @@ describe("runlock run", () => {
       assert.equal(r.code, 1);
       assert.equal(
         r.stdout,
-        `stale: last holder pid ${wrapper.child.pid} is gone\n`,
+        `stale: last holder pid ${wrapper.child.pid} is gone: sh -c 'echo $$; exec sleep 30'\n`,
       );
     } finally {
       if (commandPid) process.kill(commandPid, "SIGKILL");
+      cleanup();
+    }
+  });
+});
+
+describe("runlock run: what the record says, and status shows", () => {
+  test("records the command line as meta.cmd, quoted so that a shell reads back the same words, plus --meta fields; status prints them after the holder, --json has meta and where the pid lives", async () => {
+    const { dir, cleanup } = tempDir();
+    const path = join(dir, "run.lock");
+    const done = join(dir, "done");
+    // (Short enough for the 200 characters, after sh -c and the loop.)
+    const odd = [
+      "it's $HOME",
+      "a\nb",
+      "t\tx",
+      "q' b\\s \x01",
+      "\u2028\x85",
+      "",
+      "*",
+      "ï ✓",
+    ];
+    const wrapper = await running(path, done, [
+      "--meta",
+      "job.id=42",
+      "--meta=note=nightly full sync",
+    ], ["0", ...odd]);
+    try {
+      const info = JSON.parse(cli("status", "--json", path).stdout);
+      const cmd: string = info.meta.cmd;
+      assert.deepEqual(
+        bashWords(cmd),
+        ["sh", "-c", UNTIL_DONE, "sh", done, "0", ...odd],
+        `a shell reads ${cmd} back as the command's words`,
+      );
+      assert.doesNotMatch(cmd, /\n/, "one line");
+      assert.deepEqual(info.meta, {
+        cmd,
+        "job.id": "42",
+        note: "nightly full sync",
+      });
+      assert.equal(info.pid, wrapper.pid);
+      assert.match(info.bootId, /^[0-9a-f-]{36}$/, "Linux boot id");
+      assert.match(info.pidNamespace, /^\d+$/);
+      assert.equal(info.pidValidHere, true);
+      assert.equal(info.pidElsewhere, null);
+
+      const r = cli("status", path);
+      assert.equal(r.code, 0, r.stderr);
+      assert.equal(r.stderr, "", "no warning for a pid that means us");
+      const since = "since \\d\\d:\\d\\d:\\d\\d \\(\\d+s ago\\)";
+      assert.match(
+        r.stdout,
+        new RegExp(
+          `^held by pid ${wrapper.pid} on ${hostname()} ${since}: sh -c `,
+        ),
+      );
+      assert.equal(
+        r.stdout.slice(r.stdout.indexOf(": sh -c ") + 2),
+        `${cmd}\n  job.id=42\n  note=nightly full sync\n`,
+      );
+      writeFileSync(done, "");
+      assert.equal((await wrapper.exited).code, 0, wrapper.stderr());
+    } finally {
+      writeFileSync(done, ""); // the command ends (run's SIGKILL would not end it)
+      await wrapper.kill();
+      cleanup();
+    }
+  });
+
+  test("a long command line is cut to 200 characters, ending in '…'; status shows it cut", async () => {
+    const { dir, cleanup } = tempDir();
+    const path = join(dir, "run.lock");
+    const done = join(dir, "done");
+    const wrapper = await running(path, done, [], ["0", "x".repeat(300)]);
+    try {
+      const { meta } = JSON.parse(cli("status", "--json", path).stdout);
+      assert.equal([...meta.cmd].length, 200);
+      assert.ok(meta.cmd.endsWith("xxx…"), meta.cmd);
+      assert.ok(meta.cmd.startsWith("sh -c 'echo ready;"), meta.cmd);
+      assert.ok(cli("status", path).stdout.endsWith("xxx…\n"));
+    } finally {
+      writeFileSync(done, "");
+      await wrapper.kill();
+      cleanup();
+    }
+  });
+
+  test("--no-cmd keeps the command line (and a secret in its arguments) out of the lock file; --meta cmd=... records a text of your own instead", async () => {
+    const { dir, cleanup } = tempDir();
+    const path = join(dir, "run.lock");
+    const done = join(dir, "done");
+    const secret = "--token=s3cr3t-never-in-the-record";
+    for (
+      const [options, meta] of [
+        [["--no-cmd", "--meta", "job=7"], { job: "7" }],
+        [["--meta", "cmd=./deploy.sh (token elided)"], {
+          cmd: "./deploy.sh (token elided)",
+        }],
+      ] as [string[], Record<string, string>][]
+    ) {
+      const wrapper = await running(path, done, options, ["0", secret]);
+      try {
+        const file = readFileSync(path, "utf8");
+        assert.doesNotMatch(file, /s3cr3t/, file);
+        assert.doesNotMatch(file, /while \[/, "no part of the command line");
+        assert.deepEqual(
+          JSON.parse(cli("status", "--json", path).stdout).meta,
+          meta,
+        );
+        const line = cli("status", path).stdout.split("\n")[0];
+        if (meta.cmd) assert.ok(line.endsWith(`: ${meta.cmd}`), line);
+        else assert.match(line, /ago\)$/, "nothing after the holder");
+        writeFileSync(done, "");
+        assert.equal((await wrapper.exited).code, 0, wrapper.stderr());
+        unlinkSync(done);
+      } finally {
+        if (!existsSync(done)) writeFileSync(done, "");
+        await wrapper.kill();
+        unlinkSync(done);
+      }
+    }
+    cleanup();
+  });
+
+  test("a bad --meta is a usage error naming the key, before anything touches the disk: no directory, no lock file, the command never runs", () => {
+    const { dir, cleanup } = tempDir();
+    try {
+      const path = join(dir, "sub", "run.lock");
+      const marker = join(dir, "ran");
+      for (
+        const [meta, message] of [
+          ["Job=1", /the key 'Job' must be 1 to 64 of a-z 0-9 _ \. -/],
+          [`${"k".repeat(65)}=1`, /the key 'k{65}' must be/],
+          ["job", /'--meta' takes KEY=VALUE: current value is 'job'/],
+          ["=1", /the key '' must be/],
+          ["note=two\nlines", /the value of 'note' must be one line/],
+          ["note=a\u2028b", /the value of 'note' must be one line/],
+          ["note=bell\x07", /without control characters/],
+          ["__proto__=x", /the key '__proto__' is reserved/],
+        ] as [string, RegExp][]
+      ) {
+        const r = cli("run", "--meta", meta, path, "--", "touch", marker);
+        assert.equal(r.code, 2, meta);
+        assert.match(r.stderr, message);
+        assert.match(r.stderr, /usage:/);
+        assert.equal(r.stdout, "");
+      }
+      const twice = cli("run", "--meta=a=1", "--meta=a=2", path, "--", "true");
+      assert.equal(twice.code, 2);
+      assert.match(twice.stderr, /the key 'a' is given twice/);
+      assert.deepEqual(readdirSync(dir), [], "nothing created");
+    } finally {
+      cleanup();
+    }
+  });
+});
+
+describe("runlock status: where the pid lives", () => {
+  test(
+    "a holder in another PID namespace: status and ls warn on stderr that `kill 1` here would hit another process; --json says pidValidHere false, namespace",
+    {
+      skip: canUnshare ? false : "needs root and unshare(1) --pid",
+    },
+    async () => {
+      const { dir, cleanup } = tempDir();
+      const path = join(dir, "run.lock");
+      const done = join(dir, "done");
+      // The holder is runlock run itself, as PID 1 of a new PID namespace
+      // (a container's view), sharing the lock directory with us.
+      const wrapper = new Background([
+        "unshare",
+        "--pid",
+        "--fork",
+        "--kill-child",
+        ...cliCommand(),
+        "run",
+        path,
+        "--",
+        "sh",
+        "-c",
+        UNTIL_DONE,
+        "sh",
+        done,
+      ]);
+      try {
+        await wrapper.line(/^ready$/);
+        const warning =
+          "runlock: pid 1 belongs to another PID namespace (a container): `kill 1` here would hit another process\n";
+        const r = cli("status", path);
+        assert.equal(r.code, 0, r.stderr);
+        assert.match(r.stdout, /^held by pid 1 on .*: sh -c 'echo ready;/);
+        assert.equal(r.stderr, warning);
+        const info = JSON.parse(cli("status", "--json", path).stdout);
+        assert.equal(info.pid, 1);
+        assert.equal(info.pidValidHere, false);
+        assert.equal(info.pidElsewhere, "namespace");
+        const listed = cli("ls", dir);
+        assert.equal(listed.code, 0);
+        assert.match(listed.stdout, /^held {2}1 {2}/);
+        assert.equal(listed.stderr, `runlock: ${path}: ${warning.slice(9)}`);
+        writeFileSync(done, "");
+        assert.equal((await wrapper.exited).code, 0, wrapper.stderr());
+        assert.equal(existsSync(path), false, "released from inside");
+      } finally {
+        await wrapper.kill();
+        cleanup();
+      }
+    },
+  );
+
+  test("a live holder under another kernel boot, or on another host: status warns that `kill N` here would hit another process; the same boot and namespace get no warning, nor does a stale record", async () => {
+    const { dir, cleanup } = tempDir();
+    const path = join(dir, "run.lock");
+    const here = readFileSync("/proc/sys/kernel/random/boot_id", "utf8").trim();
+    const ns = String(statSync("/proc/self/ns/pid").ino); // ours
+    const started = `started=${new Date().toISOString()}`;
+    /** status, status --json, and what ls says, with a forged live holder. */
+    const withHolder = async (...fields: string[]) => {
+      const forged = new Background([
+        "python3",
+        fixture("forged_holder.py"),
+        path,
+        ...fields,
+      ]);
+      try {
+        await forged.line(/^held$/);
+        const text = cli("status", path);
+        assert.equal(text.code, 0, text.stderr);
+        const json = JSON.parse(cli("status", "--json", path).stdout);
+        const listed = cli("ls", dir);
+        return { pid: forged.pid, text, json, listed };
+      } finally {
+        await forged.kill();
+        unlinkSync(path); // its file, stale now, would block the next one
+      }
+    };
+    try {
+      const boot = await withHolder(
+        `host=${hostname()}`,
+        started,
+        "boot=00000000-0000-4000-8000-000000000000",
+        `pidns=${ns}`,
+        "meta.cmd=./sync.sh",
+      );
+      assert.match(boot.text.stdout, /: \.\/sync\.sh\n$/);
+      const bootWarning =
+        `pid ${boot.pid} was recorded under another boot of a kernel (another machine sharing this file, or an earlier boot of this one): \`kill ${boot.pid}\` here would hit another process`;
+      assert.equal(boot.text.stderr, `runlock: ${bootWarning}\n`);
+      assert.equal(boot.json.pidValidHere, false);
+      assert.equal(boot.json.pidElsewhere, "boot");
+      assert.equal(boot.listed.stderr, `runlock: ${path}: ${bootWarning}\n`);
+
+      // A record without boot id or namespace (a Deno holder without
+      // --allow-all): the host name decides.
+      const host = await withHolder("host=build-elsewhere-7", started);
+      assert.equal(
+        host.text.stderr,
+        `runlock: pid ${host.pid} is a process on build-elsewhere-7, not on this host (another machine, or a container with a host name of its own): \`kill ${host.pid}\` here would hit another process\n`,
+      );
+      assert.equal(host.json.pidElsewhere, "host");
+
+      const same = await withHolder(
+        `host=${hostname()}`,
+        started,
+        `boot=${here}`,
+        `pidns=${ns}`,
+      );
+      assert.equal(same.text.stderr, "", "same boot and namespace");
+      assert.equal(same.json.pidValidHere, true);
+      assert.equal(same.listed.stderr, "");
+
+      // Only a live holder's number means anything: a stale record gets no
+      // verdict (its namespace may be gone, its inode number reused).
+      record(path, deadPid(), {
+        host: "build-elsewhere-7",
+        boot: "00000000-0000-4000-8000-000000000000",
+      });
+      const stale = cli("status", path);
+      assert.equal(stale.code, 1);
+      assert.equal(stale.stderr, "");
+      assert.equal(
+        JSON.parse(cli("status", "--json", path).stdout).pidValidHere,
+        null,
+      );
+    } finally {
+      cleanup();
+    }
+  });
+});
+
+describe("runlock ls", () => {
+  test("one line per lock, sorted by path: state, pid, host, age, command, path; plain files and pidfiles are not locks; --recursive walks the tree; exit 0", async () => {
+    const { dir, cleanup } = tempDir();
+    const done = join(dir, "done-flag");
+    const sync = join(dir, "sync.lock");
+    const wrapper = await running(sync, done, ["--meta", "job=1"]);
+    try {
+      const gone = deadPid();
+      record(join(dir, "gc.lock"), gone, {
+        host: "build-7",
+        started: new Date(Date.now() - 3 * 3600_000).toISOString(),
+        "meta.cmd": "./gc.sh --all",
+      });
+      writeFileSync(join(dir, "notes.txt"), "not a lock\n");
+      writeFileSync(join(dir, "plain.pid"), `${gone}\n`);
+      mkdirSync(join(dir, "sub"));
+      record(join(dir, "sub", "deep.lock"), gone, {});
+
+      const r = cli("ls", dir);
+      assert.equal(r.code, 0, r.stderr);
+      assert.equal(r.stderr, "", "a stale record's pid gets no verdict");
+      const lines = r.stdout.split("\n").slice(0, -1);
+      assert.equal(lines.length, 2, r.stdout);
+      const cols = lines.map((l) => l.split(/ {2,}/));
+      assert.deepEqual(cols[0], [
+        "stale",
+        String(gone),
+        "build-7",
+        "3h ago",
+        "./gc.sh --all",
+        join(dir, "gc.lock"),
+      ]);
+      assert.equal(cols[1][0], "held");
+      assert.equal(cols[1][1], String(wrapper.pid));
+      assert.equal(cols[1][2], hostname());
+      assert.match(cols[1][3], /^\d+s ago$/);
+      assert.match(cols[1][4], /^sh -c 'echo ready;/);
+      assert.equal(cols[1][5], sync);
+      assert.equal(
+        lines[0].indexOf(join(dir, "gc.lock")),
+        lines[1].indexOf(sync),
+        "the path column is aligned",
+      );
+
+      const deep = cli("ls", "--recursive", dir).stdout.split("\n");
+      assert.equal(deep.length, 4);
+      assert.deepEqual(deep[1].split(/ {2,}/), [
+        "stale",
+        String(gone),
+        "-",
+        "-",
+        "-",
+        join(dir, "sub", "deep.lock"),
+      ], "a record without host, start or command");
+
+      const j = cli("ls", "--json", "--recursive", dir);
+      assert.equal(j.code, 0);
+      const all = JSON.parse(j.stdout);
+      assert.deepEqual(
+        all.map((i: { path: string; state: string }) => [i.path, i.state]),
+        [
+          [join(dir, "gc.lock"), "stale"],
+          [join(dir, "sub", "deep.lock"), "stale"],
+          [sync, "held"],
+        ],
+      );
+      assert.equal(all[2].meta.job, "1");
+      assert.match(all[0].started, /^\d{4}-\d\d-\d\dT.*Z$/);
+      assert.equal(all[2].pidValidHere, true);
+    } finally {
+      writeFileSync(done, "");
+      await wrapper.kill();
+      cleanup();
+    }
+  });
+
+  test("an empty directory lists nothing; a missing one lists nothing, saying so on stderr ('[]' with --json); a file is an error, exit 2", () => {
+    const { dir, cleanup } = tempDir();
+    try {
+      assert.deepEqual(cli("ls", dir), { code: 0, stdout: "", stderr: "" });
+      const missing = join(dir, "nope");
+      const r = cli("ls", missing);
+      assert.equal(r.code, 0);
+      assert.equal(r.stdout, "");
+      assert.equal(
+        r.stderr,
+        `runlock: ls: ${missing} does not exist: no locks\n`,
+      );
+      assert.deepEqual(cli("ls", "--json", missing), {
+        code: 0,
+        stdout: "[]\n",
+        stderr: "",
+      });
+      const file = join(dir, "file");
+      writeFileSync(file, "");
+      const f = cli("ls", file);
+      assert.equal(f.code, 2);
+      assert.equal(f.stderr, `runlock: ls: ${file} is not a directory\n`);
+    } finally {
+      cleanup();
+    }
+  });
+});
+
+describe("runlock run: a lock lost while the command runs", () => {
+  test("the lock file deleted by hand: run says so on stderr at once (the delay is measured), the command keeps running, and its exit code comes through", async () => {
+    const { dir, cleanup } = tempDir();
+    const path = join(dir, "run.lock");
+    const done = join(dir, "done");
+    const wrapper = await running(path, done, [], ["4"]);
+    try {
+      await delay(300); // held for a while, past any start-up work
+      const before = performance.now();
+      unlinkSync(path);
+      await wrapper.stderrMatch(/lost the lock/);
+      const ms = performance.now() - before;
+      console.log(
+        `run (${cliRuntime}) said the lock was lost ${
+          ms.toFixed(1)
+        } ms after the lock file was deleted`,
+      );
+      assert.ok(ms < 2_000, `noticed after ${ms} ms`);
+      assert.match(
+        wrapper.stderr(),
+        new RegExp(
+          `^runlock: lost the lock while the command runs: ${path}: the lock file was deleted while pid ${wrapper.pid} held it; .*The command keeps running, without the lock \\(--on-lost=term would stop it\\)\n$`,
+        ),
+      );
+      await delay(SETTLE);
+      assert.ok(processExists(wrapper.pid), "run still runs");
+      assert.equal(cli("status", path).stdout, "free\n");
+      writeFileSync(done, "");
+      assert.equal((await wrapper.exited).code, 4, "the command's code");
+      assert.equal(
+        wrapper.stderr().match(/lost the lock/g)?.length,
+        1,
+        "said once, not again at release",
+      );
+      assert.equal(existsSync(path), false, "nothing recreated");
+    } finally {
+      await wrapper.kill();
+      cleanup();
+    }
+  });
+
+  test("--on-lost=term: the lock file replaced by another run's sends SIGTERM to the command's group, naming the new holder (not under Deno); release leaves the successor's file alone", async () => {
+    const { dir, cleanup } = tempDir();
+    const path = join(dir, "run.lock");
+    const script =
+      'trap "echo got TERM; exit 9" TERM; echo ready; while :; do sleep 0.05; done';
+    const wrapper = start(
+      "run",
+      "--on-lost=term",
+      path,
+      "--",
+      "sh",
+      "-c",
+      script,
+    );
+    // Another run's lock, moved over ours in one rename (a replacement).
+    const other = join(dir, "other.lock");
+    const successor = await holder(other);
+    try {
+      await wrapper.line(/^ready$/);
+      const before = performance.now();
+      renameSync(other, path);
+      await wrapper.line(/^got TERM$/);
+      const ms = performance.now() - before;
+      console.log(
+        `run --on-lost=term (${cliRuntime}) signalled the command ${
+          ms.toFixed(1)
+        } ms after the lock file was replaced`,
+      );
+      assert.equal((await wrapper.exited).code, 9, wrapper.stderr());
+      // Who holds it now, except under Deno, whose open of the new file
+      // could block (a FIFO swapped in). (Then sh may say "Terminated" for
+      // its sleep.)
+      const now = cliRuntime === "deno"
+        ? ""
+        : ` \\(now held by pid ${successor.pid}[^)]*\\)`;
+      assert.match(
+        wrapper.stderr().split("\n")[0],
+        new RegExp(
+          `^runlock: lost the lock while the command runs: ${path}: the lock file was replaced by another file${now} while pid ${wrapper.pid} held it; .*Sending SIGTERM to the command \\(--on-lost=term\\)$`,
+        ),
+      );
+      assert.equal(
+        readFileSync(path, "utf8").split("\n")[0],
+        String(successor.pid),
+        "the successor's file is still there",
+      );
+      assert.equal(cli("status", path).code, 0);
+    } finally {
+      await wrapper.kill();
+      await successor.kill();
       cleanup();
     }
   });
@@ -518,11 +1078,20 @@ describe("runlock wait", () => {
           `^runlock: timed out after 0\\.3s: .*run\\.lock is still held by pid ${first.pid} on ${hostname()} since `,
         ),
       );
+      assert.equal(
+        timedOut.stderr.split("\n").length,
+        2,
+        "one line, and no waiting line: stderr is not a terminal",
+      );
+      for (const text of ["\r", "\x1b", "waiting"]) {
+        assert.ok(!timedOut.stderr.includes(text), JSON.stringify(text));
+      }
       const waiter = start("wait", "--timeout=30", path);
-      await delay(300);
+      await delay(1_300);
       first.send("release");
       await first.expect("released");
       assert.equal((await waiter.exited).code, 0);
+      assert.equal(waiter.stderr(), "", "nothing while waiting");
       await first.kill();
     } finally {
       cleanup();
@@ -546,7 +1115,10 @@ describe("usage", () => {
   test("--help and --version print to stdout and exit 0", () => {
     const help = cli("--help");
     assert.equal(help.code, 0);
-    assert.match(help.stdout, /runlock status \[--json\] \[--\] <path>/);
+    assert.match(
+      help.stdout,
+      /runlock status \[--json\] \[--db=URL\] \[--\] <path\|name>/,
+    );
     const version = cli("--version");
     assert.equal(version.code, 0);
     assert.match(version.stdout, /^runlock \d+\.\d+\.\d+\n$/);
@@ -611,6 +1183,24 @@ describe("usage", () => {
       /'--timeout' must be a non-negative number/,
     ],
     ["--timeout without a value", ["wait", "--timeout", "x"], /needs a value/],
+    [
+      "a bad --on-lost",
+      ["run", "--on-lost=kill", "x", "--", "true"],
+      /'--on-lost' must be 'warn' or 'term': current value is 'kill'/,
+    ],
+    ["--meta without KEY=VALUE", ["run", "--meta"], /needs KEY=VALUE/],
+    ["an empty --db", ["status", "--db=", "x"], /'--db' needs a URL/],
+    [
+      "--db with a URL that is not postgres://",
+      ["status", "--db=mysql://u:pw@db/x", "x"],
+      /option '--db': .*postgres:\/\/.*"mysql:\/\/u:\*\*\*@db\/x"/,
+    ],
+    ["ls without a directory", ["ls"], /ls: missing <dir>/],
+    [
+      "ls --db",
+      ["ls", "--db=postgres://db/x", "."],
+      /ls: .*no PostgreSQL form/,
+    ],
   ];
   for (const [name, args, message] of bad) {
     test(`${name}: a short message and the usage on stderr, nothing on stdout, exit 2`, () => {
@@ -619,6 +1209,27 @@ describe("usage", () => {
       assert.equal(r.stdout, "");
       assert.match(r.stderr, message);
       assert.match(r.stderr, /usage:/);
+      assert.doesNotMatch(r.stderr, /pw@/, "a password is never printed");
     });
   }
+
+  test("--help describes every command and option, the PostgreSQL form and the exit codes", () => {
+    // (Lines wrapped anywhere: compare with the spaces collapsed.)
+    const help = cli("--help").stdout.replace(/\s+/g, " ");
+    for (
+      const text of [
+        "runlock ls [--json] [--recursive] [--] <dir>",
+        "--meta KEY=VALUE",
+        "--no-cmd",
+        "--on-lost=warn|term",
+        "--db=URL",
+        "RUNLOCK_DATABASE_URL",
+        "another PID namespace",
+        "world-readable",
+        "75 held by",
+      ]
+    ) {
+      assert.ok(help.includes(text), text);
+    }
+  });
 });

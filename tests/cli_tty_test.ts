@@ -5,16 +5,19 @@
 // group; `run` must not add a second copy of a keypress's signal, while a
 // signal sent to `run` alone must still reach the command.
 import assert from "node:assert/strict";
-import { existsSync } from "node:fs";
+import { existsSync, writeFileSync } from "node:fs";
+import { hostname } from "node:os";
 import { join } from "node:path";
 import process from "node:process";
 import { describe, test } from "node:test";
 import {
+  type Background,
   cli,
   cliCommand,
   fixture,
   killQuietly,
   processState,
+  start,
   Terminal,
 } from "./_cli.ts";
 import { delay, tempDir } from "./_helpers.ts";
@@ -121,6 +124,12 @@ describe("runlock run at a terminal", () => {
       pid = await commandPid(term);
       term.type("\x1a");
       await term.waitFor(/Stopped/);
+      // runlock stops the command's group before itself, but a stop takes
+      // effect when the process next runs: on a loaded machine, after the
+      // shell saw runlock stop.
+      for (let i = 0; i < 200 && !/^T/.test(processState(pid)); i++) {
+        await delay(25);
+      }
       assert.match(processState(pid), /^T/, "the command is stopped");
       assert.equal(cli("status", path).code, 0, "the lock is still held");
 
@@ -139,6 +148,142 @@ describe("runlock run at a terminal", () => {
     } finally {
       await term.close();
       if (pid) killQuietly(pid);
+      cleanup();
+    }
+  });
+});
+
+describe("waiting for the lock at a terminal", () => {
+  /** What redraws the line: carriage return, erase to the end of the line. */
+  const CLEAR = "\r\x1b[K";
+
+  /** A run that holds `path` until `done` exists, with a command to show. */
+  async function holding(path: string, done: string): Promise<Background> {
+    const first = start(
+      "run",
+      path,
+      "--",
+      "sh",
+      "-c",
+      'echo ready; while [ ! -e "$1" ]; do sleep 0.05; done',
+      "sh",
+      done,
+    );
+    await first.line(/^ready$/);
+    return first;
+  }
+
+  /** The states of the updating line: each redraw, without the escapes. */
+  function redraws(output: string): string[] {
+    return output.split("\r").map((s) => s.replaceAll("\x1b[K", ""))
+      .filter((s) => s.startsWith("runlock: waiting"));
+  }
+
+  test("wait keeps one updating stderr line (how long, who holds it, what it runs) and clears it when the lock is free", async () => {
+    const { dir, cleanup } = tempDir();
+    const path = join(dir, "run.lock");
+    const done = join(dir, "done");
+    const first = await holding(path, done);
+    const term = new Terminal([...runlock, "wait", path]);
+    try {
+      await term.waitFor(/waiting 2s for/);
+      writeFileSync(done, "");
+      assert.equal(await term.exit(), "exit 0", term.output);
+      const lines = redraws(term.output);
+      const who = `pid ${first.pid} on ${hostname()} runs sh -c 'echo ready;`;
+      assert.ok(
+        lines[0].startsWith(`runlock: waiting 0s for the lock: ${who}`),
+        lines[0],
+      );
+      for (const [i, s] of ["0s", "1s", "2s"].entries()) {
+        assert.ok(lines[i].startsWith(`runlock: waiting ${s} for `), lines[i]);
+      }
+      assert.ok(lines.every((l) => [...l].length <= 79), "fits 80 columns");
+      assert.ok(lines[0].endsWith("…"), "cut to the width, not wrapped");
+      assert.ok(
+        term.output.endsWith(CLEAR),
+        `cleared at the end: ${JSON.stringify(term.output.slice(-40))}`,
+      );
+      assert.ok(!term.output.includes("\n"), "never a second line");
+    } finally {
+      writeFileSync(done, "");
+      await term.close();
+      await first.kill();
+      cleanup();
+    }
+  });
+
+  test("run --wait shows the same line while it waits, and clears it before the command starts", async () => {
+    const { dir, cleanup } = tempDir();
+    const path = join(dir, "run.lock");
+    const done = join(dir, "done");
+    const first = await holding(path, done);
+    const term = new Terminal([
+      ...runlock,
+      "run",
+      "--wait",
+      path,
+      "--",
+      "sh",
+      "-c",
+      "echo command ran",
+    ]);
+    try {
+      await term.waitFor(/waiting 1s for/);
+      writeFileSync(done, "");
+      assert.equal(await term.exit(), "exit 0", term.output);
+      const lines = redraws(term.output);
+      assert.ok(lines.length >= 2, term.output);
+      assert.ok(
+        lines[0].startsWith(
+          `runlock: waiting 0s for the lock: pid ${first.pid} on `,
+        ),
+        lines[0],
+      );
+      assert.ok(
+        term.output.endsWith(`${CLEAR}command ran\r\n`),
+        JSON.stringify(term.output.slice(-60)),
+      );
+    } finally {
+      writeFileSync(done, "");
+      await term.close();
+      await first.kill();
+      cleanup();
+    }
+  });
+
+  test("with a wide terminal the line ends with what the holder runs; a refusal (no --wait) draws no line at all", async () => {
+    const { dir, cleanup } = tempDir();
+    const path = join(dir, "run.lock");
+    const done = join(dir, "done");
+    const first = await holding(path, done);
+    const wide = new Terminal([
+      "sh",
+      "-c",
+      'stty cols 300; exec "$@"',
+      "sh",
+      ...runlock,
+      "wait",
+      "--timeout=0.5",
+      path,
+    ]);
+    const refused = new Terminal([...runlock, "run", path, "--", "true"]);
+    try {
+      assert.equal(await wide.exit(), "exit 1", wide.output);
+      const line = redraws(wide.output)[0];
+      assert.ok(line.endsWith(`sh ${done}`), line);
+      assert.ok(
+        wide.output.includes(`${CLEAR}runlock: timed out after 0.5s: `),
+        "the line is cleared before the message",
+      );
+      assert.equal(await refused.exit(), "exit 75", refused.output);
+      assert.ok(!refused.output.includes("waiting"), refused.output);
+      assert.ok(!refused.output.includes(CLEAR), refused.output);
+    } finally {
+      writeFileSync(done, "");
+      await wide.close();
+      await refused.close();
+      await first.kill();
       cleanup();
     }
   });
