@@ -812,6 +812,7 @@ describe("postgres backend across server restarts", {
         await delay(1_500);
         appendFileSync(log, `restart ${mode}\n`);
         cluster.restart(mode);
+        appendFileSync(log, "restarted\n");
         for (const h of holders) {
           const lost = await h.expect("lost");
           assert.equal(lost.name, "LockLostError", JSON.stringify(lost));
