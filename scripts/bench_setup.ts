@@ -219,8 +219,12 @@ export function buildPackage(snap: string): { dir: string; note?: string } {
 export function installDeps(withBun: boolean): string {
   const config = JSON.parse(readFileSync(join(root, "deno.json"), "utf8"));
   const koffi = String(config.imports.koffi).replace(/^npm:koffi@/, "");
+  // The package's own dependencies (pg: the PostgreSQL client, which the
+  // CLI's bun --compile binary bundles), then the incumbents.
+  const pg = String(config.imports.pg).replace(/^npm:pg@/, "");
   const deps: Record<string, string> = {
     koffi,
+    pg,
     "proper-lockfile": PINS["proper-lockfile"],
     lockfile: PINS.lockfile,
   };
