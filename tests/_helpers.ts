@@ -14,7 +14,18 @@ const here = new URL(".", import.meta.url).pathname;
 /** A fresh temp directory, removed by the returned function. */
 export function tempDir(): { dir: string; cleanup: () => void } {
   const dir = mkdtempSync(join(tmpdir(), "runlock-test-"));
-  return { dir, cleanup: () => rmSync(dir, { recursive: true, force: true }) };
+  // maxRetries: a directory whose last files are still being removed by a
+  // process that has just exited reads ENOTEMPTY once in a while.
+  return {
+    dir,
+    cleanup: () =>
+      rmSync(dir, {
+        recursive: true,
+        force: true,
+        maxRetries: 5,
+        retryDelay: 50,
+      }),
+  };
 }
 
 declare const Deno: { execPath(): string } | undefined;
