@@ -68,7 +68,9 @@ export interface AcquireSyncOptions {
    * How often, in milliseconds, the held lock checks (one `lstat`) that its
    * file is still its own, besides watching its directory where the
    * runtime can without keeping the process alive (not under Deno). Default
-   * 1000; `0` turns the periodic check off. See {@linkcode Lock.signal}.
+   * 1000; `0` turns both off: the lock then never looks at its file on its
+   * own, and only {@linkcode Lock.release} finds a loss. See
+   * {@linkcode Lock.signal}.
    */
   checkInterval?: number;
 }
@@ -180,9 +182,10 @@ class RunLock implements Lock {
     // Loss is an event: watch the directory where that keeps nothing alive,
     // and check on an unref'd timer.
     const check = () => this.#check();
-    if (checkInterval > 0) {
-      this.#stop.push(p.unrefInterval(check, checkInterval));
-    }
+    // checkInterval 0: the lock never looks at its file on its own (no
+    // timer, no watch); only release() finds a loss.
+    if (checkInterval === 0) return;
+    this.#stop.push(p.unrefInterval(check, checkInterval));
     // The watch starts once the event loop turns, not here: a lock taken
     // and released in one synchronous stretch (a CLI, a tight loop) pays
     // for no watcher, and leaves none waiting to be freed.
