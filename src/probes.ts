@@ -74,9 +74,10 @@ export interface Inspection {
    */
   pidValidHere: boolean | undefined;
   /**
-   * Why `pidValidHere` is `false`: the holder is on another `"host"`, ran in
-   * an earlier `"boot"` of this machine, or in another PID `"namespace"` (a
-   * container). `undefined` otherwise.
+   * Why `pidValidHere` is `false`: the holder runs under another kernel
+   * `"boot"` (another machine sharing the file, or a record from before a
+   * reboot), in another PID `"namespace"` (a container), or, where those
+   * are unknown, on another `"host"`. `undefined` otherwise.
    */
   pidElsewhere: "host" | "boot" | "namespace" | undefined;
 }
