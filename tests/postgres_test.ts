@@ -546,6 +546,14 @@ describe("postgres backend", { skip: !hasServer }, () => {
         err instanceof TypeError && /postgres:\/\//.test(err.message) &&
         !err.message.includes("hunter22"),
     );
+    // A literal % in a password (a bad percent-escape): a TypeError at once,
+    // never the password, never a raw URIError.
+    assert.throws(
+      () => pgLocks("postgres://app:S3C%RETpw@db/app"),
+      (err: Error) =>
+        err instanceof TypeError && /bad percent-escape/.test(err.message) &&
+        !err.message.includes("S3C"),
+    );
     assert.throws(() => pgLocks(url, { heartbeatTimeout: 60_000 }), RangeError);
     assert.throws(
       // deno-lint-ignore no-explicit-any

@@ -385,15 +385,28 @@ function parseUrl(url: unknown): Target {
       }`,
     );
   }
-  const password = decodeURIComponent(u.password);
+  // A bad percent-escape (a literal `%` in a password) is the caller's
+  // input: a TypeError now, naming the part, never the password itself.
+  const decode = (part: string, what: string): string => {
+    try {
+      return decodeURIComponent(part);
+    } catch {
+      throw new TypeError(
+        `Cannot create pgLocks as the ${what} in 'url' has a bad percent-escape (write a literal % as %25): current value is ${
+          JSON.stringify(redact(url as string))
+        }`,
+      );
+    }
+  };
+  const password = decode(u.password, "password");
   const host = u.searchParams.get("host") ?? (u.hostname || "localhost");
   const port = u.searchParams.get("port") ?? (u.port || "5432");
   const env = granted({ name: "env" })
     ? process.env
     : {} as Record<string, string | undefined>;
-  const user = decodeURIComponent(u.username) || env.PGUSER || env.USER ||
+  const user = decode(u.username, "user name") || env.PGUSER || env.USER ||
     "";
-  const database = decodeURIComponent(u.pathname.replace(/^\//, "")) ||
+  const database = decode(u.pathname.replace(/^\//, ""), "database name") ||
     user;
   return {
     text: `${host}:${port}, database ${JSON.stringify(database)}, user ${
