@@ -7,28 +7,41 @@ import { existsSync, readdirSync, writeFileSync } from "node:fs";
 import { basename, dirname, join } from "node:path";
 import { describe, test } from "node:test";
 import { acquire } from "../mod.ts";
-import { deadPid, delay, holder, run, tempDir } from "./_helpers.ts";
+import { createInterface } from "node:readline";
+import { deadPid, holder, tempDir } from "./_helpers.ts";
+
+/** A file in tests/fixtures (the .py fixtures are copied as they are). */
+const fixturePath = (name: string) =>
+  join(new URL(".", import.meta.url).pathname, "fixtures", name);
 
 /**
  * The state a process leaves if it is killed between protocol steps 1 and 2:
  * a `.run.lock.<random>.tmp` holding a record, flocked by a live process.
- * flock(1) -o plays that process (it holds the lock itself, not its child),
- * so the same fixture serves every runtime under test.
+ * fixtures/litter_holder.py plays that process: it takes the flock itself
+ * and says so, so the same fixture serves every runtime under test. (Not
+ * flock(1): its forked command shares the locked descriptor until it
+ * closes it, so killing flock(1) did not always drop the lock at once, and
+ * the next acquire rightly kept a temp file that was still locked.)
  */
 async function litter(path: string): Promise<{ kill(): Promise<void> }> {
   const hex = randomBytes(8).toString("hex");
   const temp = join(dirname(path), `.${basename(path)}.${hex}.tmp`);
   writeFileSync(temp, `99999\nrunlock 1\n`, { flag: "wx" });
-  const holder = spawn("flock", ["-o", "-x", temp, "cat"], {
-    stdio: ["pipe", "ignore", "inherit"],
+  const holder = spawn("python3", [fixturePath("litter_holder.py"), temp], {
+    stdio: ["ignore", "pipe", "inherit"],
   });
-  while (run("flock", ["-n", temp, "true"]) === 0) await delay(5);
+  const exited = new Promise<void>((resolve) =>
+    holder.on("exit", () => resolve())
+  );
+  const lines = createInterface({ input: holder.stdout! });
+  await new Promise<void>((resolve, reject) => {
+    lines.on("line", (line) => line === "held" && resolve());
+    exited.then(() => reject(new Error(`litter_holder.py exited early`)));
+  });
   return {
     async kill() {
-      const exited = new Promise((resolve) => holder.on("close", resolve));
       holder.kill("SIGKILL");
-      await exited;
-      holder.stdin!.end(); // lets the orphaned `cat` finish
+      await exited; // its descriptor, and so its flock, is gone now
     },
   };
 }
