@@ -92,6 +92,7 @@ export class Child {
   #events: Event[] = [];
   #waiters: ((e: Event | undefined) => void)[] = [];
   #closed = false;
+  #gone = false;
   readonly exited: Promise<{ code: number | null; signal: string | null }>;
 
   /**
@@ -121,6 +122,9 @@ export class Child {
       else this.#events.push(event);
     });
     this.proc.stderr!.on("data", (d) => this.stderr.push(String(d)));
+    // "exit" comes with the reaping (before "close", which also waits for
+    // the pipes): from then on the PID may name another process.
+    this.proc.on("exit", () => this.#gone = true);
     this.exited = new Promise((resolve) => {
       this.proc.on("close", (code, signal) => {
         this.#closed = true;
@@ -175,8 +179,32 @@ export class Child {
     this.proc.stdin!.write(line + "\n");
   }
 
+  /** Whether the child has not been seen to exit (its PID is still its). */
+  get running(): boolean {
+    return !this.#gone && this.proc.exitCode === null &&
+      this.proc.signalCode === null;
+  }
+
+  /**
+   * Sends `signal` to the child while it runs, and never after it exited
+   * (its PID may name an unrelated process by then); returns whether it
+   * was sent. Through process.kill, not ChildProcess.kill: under Deno, a
+   * child sent one signal through ChildProcess.kill refuses every later
+   * one, and its kill("SIGSTOP") reports a bogus exit.
+   */
+  signal(signal: NodeJS.Signals): boolean {
+    if (!this.running) return false;
+    try {
+      process.kill(this.pid, signal);
+      return true;
+    } catch {
+      return false; // exited in between
+    }
+  }
+
+  /** Sends `signal` (SIGKILL by default) while it runs; resolves on exit. */
   kill(signal: NodeJS.Signals = "SIGKILL"): Promise<unknown> {
-    this.proc.kill(signal);
+    if (this.running) this.proc.kill(signal);
     return this.exited;
   }
 }
@@ -213,4 +241,21 @@ export function delay(ms: number): Promise<void> {
 export function deadPid(): number {
   const result = spawnSync("true");
   return result.pid!;
+}
+
+/**
+ * Polls `condition` every few milliseconds until it holds; throws naming
+ * `what` if it still does not after `ms` (a hang detector, far above any
+ * expected wait: the wait ends on the condition, never on the clock).
+ */
+export async function waitFor(
+  condition: () => boolean | Promise<boolean>,
+  what: string,
+  ms = 30_000,
+): Promise<void> {
+  const end = Date.now() + ms;
+  while (!(await condition())) {
+    if (Date.now() > end) throw new Error(`${what}: not after ${ms} ms`);
+    await delay(5);
+  }
 }

@@ -33,9 +33,9 @@ import {
   readFileSync,
   rmSync,
   unlinkSync,
+  writeFileSync,
 } from "node:fs";
 import { join } from "node:path";
-import process from "node:process";
 import { Child, delay, fixtureCommand } from "./_helpers.ts";
 
 /** What one soak run did and found. */
@@ -90,17 +90,47 @@ export interface SoakOptions {
   dir: string;
   /** Mean milliseconds between the killer's actions. */
   every?: number;
+  /**
+   * Events the run must contain: after `seconds`, the killer goes on until
+   * it has made these (a loaded machine makes fewer per second), giving up
+   * `deadline` seconds after the start (default: 60 + 4 × seconds).
+   */
+  minimum?: {
+    acquisitions?: number;
+    kills?: number;
+    stops?: number;
+    deletions?: number;
+  };
+  deadline?: number;
   log?: (line: string) => void;
 }
 
-// process.kill, not ChildProcess.kill: under Deno, a child that was sent one
-// signal through ChildProcess.kill refuses every later one (kill() returns
-// false), so a SIGSTOPped worker would never get its SIGCONT.
+// Child.signal: process.kill of the worker's own PID, and only while the
+// handle has not seen it exit (a reaped worker's PID may be anyone's now).
 function signal(w: Worker, name: NodeJS.Signals): void {
-  try {
-    process.kill(w.child.pid, name);
-  } catch {
-    // Exited already.
+  w.child.signal(name);
+}
+
+/**
+ * Resolves once every thread of the worker is stopped (Linux /proc), or
+ * the worker exited: SIGSTOP takes effect asynchronously.
+ */
+async function stoppedNow(w: Worker): Promise<void> {
+  const tasks = `/proc/${w.child.pid}/task`;
+  if (!existsSync("/proc/self/task")) return await delay(20);
+  while (w.child.running) {
+    let all = true;
+    try {
+      for (const t of readdirSync(tasks)) {
+        const stat = readFileSync(`${tasks}/${t}/stat`, "utf8");
+        const state = stat.slice(stat.lastIndexOf(")") + 2)[0];
+        if (state !== "T" && state !== "t") all = false;
+      }
+    } catch {
+      return; // exited
+    }
+    if (all) return;
+    await delay(1);
   }
 }
 
@@ -124,7 +154,12 @@ export async function soak(options: SoakOptions): Promise<SoakReport> {
     { length: options.locks },
     (_, k) => join(lockDir, `lock-${k}`),
   );
-  const until = Date.now() + seconds * 1000;
+  const began = Date.now();
+  const until = began + seconds * 1000;
+  const deadline = began + (options.deadline ?? 60 + 4 * seconds) * 1000;
+  const minimum = options.minimum ?? {};
+  // Workers run until this file exists.
+  const stopFile = join(dir, "stop");
   const workers = new Map<number, Worker>();
   let processes = 0;
   const killed = new Set<number>();
@@ -135,7 +170,7 @@ export async function soak(options: SoakOptions): Promise<SoakReport> {
     const { runtime, command } = options.workers[slot];
     const child = new Child(
       "soak_worker.ts",
-      [log, String(until), ...paths],
+      [log, stopFile, ...paths],
       undefined,
       command,
     );
@@ -174,8 +209,19 @@ export async function soak(options: SoakOptions): Promise<SoakReport> {
   };
   let step = 0;
   let lastReport = Date.now();
+  const acquisitions = () =>
+    readFileSync(log, "utf8").split("\nenter ").length - 1;
+  // Past `seconds`: whether the run has all the events it must contain.
+  const enough = () =>
+    counts.kills >= (minimum.kills ?? 0) &&
+    counts.stops >= (minimum.stops ?? 0) &&
+    counts.deletions >= (minimum.deletions ?? 0) &&
+    (minimum.acquisitions === undefined ||
+      acquisitions() >= minimum.acquisitions);
   try {
-    while (Date.now() < until - 500) {
+    while (
+      Date.now() < until || (!enough() && Date.now() < deadline)
+    ) {
       await delay(every * (0.5 + Math.random()));
       // A lock whose holder is running, when there is one.
       const running = paths.map((_, i) => i).filter((i) => {
@@ -215,7 +261,7 @@ export async function soak(options: SoakOptions): Promise<SoakReport> {
         // only then, so a loaded machine's late timers cannot let it go
         // on in between); if it still holds the lock, the file is its.
         const resume = stop(victim, false);
-        await delay(20);
+        await stoppedNow(victim);
         try {
           if (holderOf(k) === victim) {
             unlinkSync(paths[k]);
@@ -230,17 +276,18 @@ export async function soak(options: SoakOptions): Promise<SoakReport> {
       }
       if (Date.now() - lastReport > 10_000) {
         lastReport = Date.now();
-        const entered = readFileSync(log, "utf8").split("\nenter ").length - 1;
+        const entered = acquisitions();
         say(
           `  ${
-            Math.round((until - Date.now()) / 1000)
+            Math.max(0, Math.round((until - Date.now()) / 1000))
           } s left: ${entered} acquisitions, ${counts.kills} kills, ` +
             `${counts.stops} stops, ${counts.deletions} deletions`,
         );
       }
     }
-    // Let every stopped worker go on, then wait for all to finish.
-    await delay(400);
+    // Tell the workers to finish, let every stopped one go on, and wait for
+    // all of them (a resume still scheduled finds its worker gone).
+    writeFileSync(stopFile, "");
     for (const w of workers.values()) signal(w, "SIGCONT");
     for (const w of workers.values()) {
       const event = await w.child.next().catch((err) => ({
