@@ -2,7 +2,7 @@
 // (Deno, Node and Bun workers on one lock): workers loop acquire/release
 // while a killer SIGKILLs whoever holds the lock.
 import assert from "node:assert/strict";
-import { readdirSync, readFileSync } from "node:fs";
+import { readdirSync, readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { Child, delay, tempDir } from "./_helpers.ts";
 
@@ -14,7 +14,9 @@ export interface StressResult {
 }
 
 /**
- * Runs workers for `seconds`. `worker(i)` gives the command that starts the
+ * Runs workers for `seconds`, and on until `minKills` holders were killed
+ * (a loaded machine kills fewer per second; it gives up after
+ * 60 + 4 × seconds). `worker(i)` gives the command that starts the
  * i-th worker (stress_worker fixture of some runtime), or undefined for this
  * runtime's own. Asserts: no overlap, no error, no litter.
  */
@@ -23,6 +25,7 @@ export async function stress(
   workers: number,
   worker: (i: number) => string[] | undefined,
   finalCheck: string[] | undefined,
+  minKills = 3,
 ): Promise<StressResult> {
   const { dir, cleanup } = tempDir();
   const lockDir = join(dir, "state");
@@ -30,7 +33,10 @@ export async function stress(
   const log = join(dir, "log");
   const owner = join(dir, "owner");
   const until = Date.now() + seconds * 1000;
-  const args = [path, log, owner, String(until)];
+  const deadline = Date.now() + (60 + 4 * seconds) * 1000;
+  // Workers run until this file exists.
+  const stop = join(dir, "stop");
+  const args = [path, log, owner, stop];
   const running = new Map<Child, number>();
   const killed = new Set<string>();
   let started = 0;
@@ -45,7 +51,9 @@ export async function stress(
     for (let i = 0; i < workers; i++) spawnWorker(i);
     // The killer: every 50-150 ms, SIGKILL the worker named in the lock,
     // and start another of the same runtime in its place.
-    while (Date.now() < until - 300) {
+    while (
+      Date.now() < until || (killed.size < minKills && Date.now() < deadline)
+    ) {
       await delay(50 + Math.random() * 100);
       let pid: string;
       try {
@@ -61,6 +69,7 @@ export async function stress(
       await victim.kill("SIGKILL");
       spawnWorker(slot);
     }
+    writeFileSync(stop, "");
     for (const w of running.keys()) {
       const result = await w.next();
       assert.equal(
@@ -89,7 +98,10 @@ export async function stress(
         inside = undefined;
       }
     }
-    assert.ok(killed.size >= 3, `only ${killed.size} holders were killed`);
+    assert.ok(
+      killed.size >= minKills,
+      `only ${killed.size} holders were killed before the deadline`,
+    );
 
     // One clean acquire and release in a fresh process leaves nothing.
     const last = new Child("child.ts", ["try", path], undefined, finalCheck);
@@ -98,6 +110,7 @@ export async function stress(
     assert.deepEqual(readdirSync(lockDir), []);
     return { criticalSections: enters, kills: killed.size, processes: started };
   } finally {
+    writeFileSync(stop, "");
     await Promise.all([...running.keys()].map((w) => w.kill()));
     cleanup();
   }

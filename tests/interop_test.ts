@@ -104,7 +104,7 @@ describe("cross-runtime", { skip: !scratch || !isDeno }, () => {
     }
   });
 
-  test("mixed stress: Deno, Node and Bun workers, holders SIGKILLed: no overlap, no error, no litter", async () => {
+  test("mixed stress: Deno, Node and Bun workers, holders SIGKILLed (3 at least): no overlap, no error, no litter", async () => {
     const seconds = Number(process.env.RUNLOCK_STRESS_SECONDS ?? 6);
     const r = await stress(
       seconds,
