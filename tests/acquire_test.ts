@@ -1,16 +1,20 @@
 // acquire/release across real processes: the record, HeldError, SIGKILL
 // takeover, release safety, children, missing directories.
 import assert from "node:assert/strict";
-import { spawnSync } from "node:child_process";
+import { spawn, spawnSync } from "node:child_process";
 import {
+  closeSync,
+  constants,
   existsSync,
   linkSync,
+  openSync,
   readdirSync,
   readFileSync,
   renameSync,
   statSync,
   unlinkSync,
   writeFileSync,
+  writeSync,
 } from "node:fs";
 import { hostname } from "node:os";
 import { join } from "node:path";
@@ -32,6 +36,7 @@ import {
   holder,
   processExists,
   tempDir,
+  waitFor,
 } from "./_helpers.ts";
 
 describe("the record", () => {
@@ -58,20 +63,25 @@ describe("the record", () => {
     }
   });
 
-  test('pgrep -F and kill "$(head -n1 file)" find the holder', async () => {
+  test('pgrep -F and kill -0 "$(head -n1 file)" find the holder', async () => {
     const { dir, cleanup } = tempDir();
     const path = join(dir, "run.lock");
     const child = await holder(path);
     try {
       const pgrep = spawnSync("pgrep", ["-F", path], { encoding: "utf8" });
       assert.equal(pgrep.stdout.trim(), String(child.pid));
+      // kill -0 only asks whether the process exists: the test never sends
+      // a real signal to a PID read back from a file (the holder is killed
+      // through its handle).
       const sh = spawnSync("sh", [
         "-c",
-        `kill -KILL "$(head -n1 "$1")"`,
+        `pid=$(head -n1 "$1") && kill -0 "$pid" && printf %s "$pid"`,
         "sh",
         path,
-      ]);
-      assert.equal(sh.status, 0);
+      ], { encoding: "utf8" });
+      assert.equal(sh.status, 0, sh.stderr);
+      assert.equal(sh.stdout, String(child.pid));
+      await child.kill("SIGKILL");
       const { signal } = await child.exited;
       assert.equal(signal, "SIGKILL");
     } finally {
@@ -84,12 +94,17 @@ describe("the record", () => {
     const { dir, cleanup } = tempDir();
     const path = join(dir, "run.lock");
     // Another process acquires and releases in a loop; we read as fast as
-    // we can. Every read is either nothing or a complete record.
-    const churn = new Child("churn.ts", [path, "1500"]);
+    // we can, until we have read 300 records. Every read is either nothing
+    // or a complete record.
+    const stop = join(dir, "stop");
+    const churn = new Child("churn.ts", [path, stop]);
     try {
       let complete = 0;
-      const until = Date.now() + 1500;
-      while (Date.now() < until) {
+      const deadline = Date.now() + 60_000; // a hang detector
+      while (complete < 300) {
+        assert.ok(churn.running, `churn exited: ${churn.stderr.join("")}`);
+        assert.ok(Date.now() < deadline, `only ${complete} records read`);
+        await delay(0);
         let text: string;
         try {
           text = readFileSync(path, "utf8");
@@ -99,9 +114,8 @@ describe("the record", () => {
         assert.match(text, /^[1-9][0-9]*\nrunlock 1\n(?:[a-z]+=.*\n)+$/);
         assert.ok(text.includes("\nruntime="), text);
         complete++;
-        await delay(0);
       }
-      assert.ok(complete > 0, "saw at least one record");
+      writeFileSync(stop, "");
       await child_done(churn);
     } finally {
       await churn.kill();
@@ -109,6 +123,8 @@ describe("the record", () => {
     }
   });
 });
+
+type Exit = { code: number | null; signal: string | null };
 
 async function child_done(child: Child): Promise<void> {
   const { code } = await child.exited;
@@ -173,8 +189,7 @@ describe("crash recovery", () => {
     const path = join(dir, "run.lock");
     const first = await holder(path);
     try {
-      await first.kill("SIGKILL");
-      assert.equal(processExists(first.pid), false);
+      assert.equal((await first.kill("SIGKILL") as Exit).signal, "SIGKILL");
       assert.equal(
         readFileSync(path, "utf8").split("\n")[0],
         String(first.pid),
@@ -202,15 +217,12 @@ describe("crash recovery", () => {
   test("a record of ours whose pid now belongs to an unrelated live process is still stale (flock decides, not kill)", async () => {
     const { dir, cleanup } = tempDir();
     const path = join(dir, "run.lock");
-    // `sleep` is alive and unrelated; the record names it but nobody holds
-    // the flock, as after a crash and PID reuse.
-    const sleeper = spawnSync("sh", [
-      "-c",
-      "sleep 30 >/dev/null 2>&1 & echo $!",
-    ], {
-      encoding: "utf8",
-    });
-    const livePid = Number(sleeper.stdout.trim());
+    // `sleep` is alive and unrelated to the lock; the record names it but
+    // nobody holds the flock, as after a crash and PID reuse. Ours, so that
+    // it is ended through its handle.
+    const sleeper = spawn("sleep", ["300"], { stdio: "ignore" });
+    const exited = new Promise((r) => sleeper.on("exit", r));
+    const livePid = sleeper.pid!;
     try {
       assert.ok(processExists(livePid));
       writeFileSync(path, `${livePid}\nrunlock 1\nhost=${hostname()}\n`);
@@ -221,7 +233,8 @@ describe("crash recovery", () => {
       assert.equal(lock.pid, process.pid);
       await lock.release();
     } finally {
-      process.kill(livePid, "SIGKILL");
+      sleeper.kill("SIGKILL");
+      await exited;
       cleanup();
     }
   });
@@ -330,21 +343,36 @@ describe("children", () => {
     const { dir, cleanup } = tempDir();
     const path = join(dir, "run.lock");
     const first = await holder(path);
-    let grandchild = 0;
+    // The grandchild reads one byte from this FIFO and exits: the test ends
+    // it by writing that byte, never by a signal to a PID it did not spawn.
+    const fifo = join(dir, "grandchild.fifo");
+    assert.equal(spawnSync("mkfifo", [fifo]).status, 0);
+    let writer: number | undefined;
+    // A writer's non-blocking open succeeds only while a reader has the
+    // FIFO open: the grandchild is alive.
+    const openWriter = () => {
+      try {
+        writer = openSync(fifo, constants.O_WRONLY | constants.O_NONBLOCK);
+        return true;
+      } catch (err) {
+        if ((err as { code?: string }).code === "ENXIO") return false;
+        throw err;
+      }
+    };
     try {
-      first.send("spawn");
-      grandchild = Number((await first.expect("spawned")).child);
-      assert.ok(processExists(grandchild));
+      first.send(`spawn ${fifo}`);
+      await first.expect("spawned");
       await first.kill("SIGKILL");
-      assert.ok(
-        processExists(grandchild),
-        "the grandchild outlives the holder",
-      );
+      await waitFor(openWriter, "the grandchild reading its FIFO");
+      // Opened after the holder died: the grandchild outlives it.
       assert.equal(await held(path), false);
       const lock = await acquire(path);
       await lock.release();
     } finally {
-      if (grandchild) process.kill(grandchild, "SIGKILL");
+      if (writer !== undefined || openWriter()) {
+        writeSync(writer!, "x");
+        closeSync(writer!);
+      }
       cleanup();
     }
   });

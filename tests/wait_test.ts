@@ -6,7 +6,7 @@ import { join } from "node:path";
 import process from "node:process";
 import { describe, test } from "node:test";
 import { acquire, acquireSync, held, HeldError } from "../mod.ts";
-import { Child, delay, holder, tempDir } from "./_helpers.ts";
+import { Child, holder, tempDir } from "./_helpers.ts";
 
 describe("waiting", () => {
   test("a waiter with a timeout gets the lock once the holder releases it", async () => {
@@ -14,8 +14,9 @@ describe("waiting", () => {
     const path = join(dir, "run.lock");
     const first = await holder(path);
     try {
+      // acquire() makes its first attempt before it returns: the holder
+      // refused it, and it waits now.
       const waiting = acquire(path, { timeout: 20_000 });
-      await delay(200);
       assert.equal(await held(path), true);
       first.send("release");
       const released = await first.expect("released");
@@ -38,8 +39,8 @@ describe("waiting", () => {
     const path = join(dir, "run.lock");
     const first = await holder(path);
     try {
-      const waiter = new Child("child.ts", ["hold", path, "20000"]);
-      await delay(300);
+      const waiter = new Child("child.ts", ["wait", path, "20000"]);
+      await waiter.expect("waiting");
       await first.kill("SIGKILL");
       const got = await waiter.expect("acquired");
       assert.equal(got.pid, waiter.pid);
@@ -101,11 +102,23 @@ describe("waiting", () => {
     const path = join(dir, "run.lock");
     const first = await holder(path);
     try {
+      // The wait ends only when a timer has fired 10 times during it (or,
+      // if timers could not fire, after a minute: a hang detector).
       let ticks = 0;
-      const timer = setInterval(() => ticks++, 10);
-      await assert.rejects(acquire(path, { timeout: 500 }), HeldError);
-      clearInterval(timer);
-      assert.ok(ticks >= 10, `only ${ticks} ticks in 500 ms`);
+      const controller = new AbortController();
+      const reason = new Error("10 ticks");
+      const timer = setInterval(() => {
+        if (++ticks === 10) controller.abort(reason);
+      }, 10);
+      try {
+        await assert.rejects(
+          acquire(path, { timeout: 60_000, signal: controller.signal }),
+          (err) => err === reason,
+        );
+      } finally {
+        clearInterval(timer);
+      }
+      assert.ok(ticks >= 10, `${ticks} ticks`);
     } finally {
       await first.kill();
       cleanup();
