@@ -3,7 +3,7 @@
 // processes and real signals. Without PostgreSQL binaries (and no URL) the
 // tests skip with a loud message, except under CI=true, where that fails.
 import assert from "node:assert/strict";
-import { appendFileSync, readFileSync } from "node:fs";
+import { appendFileSync, readFileSync, writeFileSync } from "node:fs";
 import { hostname } from "node:os";
 import { join } from "node:path";
 import process from "node:process";
@@ -15,7 +15,7 @@ import {
   pgLocks,
   RunlockError,
 } from "../src/postgres/mod.ts";
-import { Child, delay, runtime, tempDir } from "./_helpers.ts";
+import { Child, delay, runtime, tempDir, waitFor } from "./_helpers.ts";
 import {
   type Cluster,
   findPgBin,
@@ -25,16 +25,12 @@ import {
   psqlSession,
   startCluster,
 } from "./fixtures/pg_cluster.ts";
+import { freezableProxy } from "./fixtures/pg_proxy.ts";
 import { replayLog } from "./fixtures/pg_stress.ts";
 
 const hasServer = Boolean(process.env.RUNLOCK_TEST_PG_URL) ||
   findPgBin() !== undefined;
 const canRestart = findPgBin() !== undefined;
-// Tests that SIGSTOP a server backend need the server on this machine.
-const localServer = hasServer && (!process.env.RUNLOCK_TEST_PG_URL ||
-  ["127.0.0.1", "localhost", "[::1]"].includes(
-    new URL(process.env.RUNLOCK_TEST_PG_URL).hostname,
-  ));
 const SKIP_MESSAGE =
   "no PostgreSQL binaries (initdb, pg_ctl) and no RUNLOCK_TEST_PG_URL: the PostgreSQL backend is NOT tested";
 
@@ -202,9 +198,9 @@ describe("postgres backend", { skip: !hasServer }, () => {
     }
   });
 
-  test("a waiter holds the lock within 100 ms of the holder's SIGKILL (median of 5), with a higher fence", async () => {
-    // The median, not every run: on a loaded 2-core machine one kill can
-    // take longer through scheduling alone (seen: 103 ms at load 7).
+  test("a waiter holds the lock after the holder's SIGKILL, with a higher fence (5 times; the hand-off times printed)", async () => {
+    // The times are printed, not asserted: speed is the benchmark's
+    // (scripts/bench_postgres.ts), and a loaded machine stretches them.
     await using locks = pgLocks(url);
     const times: number[] = [];
     for (let i = 0; i < 5; i++) {
@@ -225,9 +221,10 @@ describe("postgres backend", { skip: !hasServer }, () => {
     }
     times.sort((a, b) => a - b);
     console.log(
-      `hand-off after SIGKILL: ${times.map((t) => t.toFixed(1)).join(", ")} ms`,
+      `hand-off after SIGKILL: ${
+        times.map((t) => t.toFixed(1)).join(", ")
+      } ms (median ${times[2].toFixed(1)})`,
     );
-    assert.ok(times[2] < 100, `median ${times[2].toFixed(1)} ms`);
   });
 
   test("a SIGKILLed holder's record reads stale (its pid, not held), and the next acquire takes it over", async () => {
@@ -236,11 +233,12 @@ describe("postgres backend", { skip: !hasServer }, () => {
     const got = await holder.expect("acquired");
     await holder.kill("SIGKILL");
     await using locks = pgLocks(url);
+    // The server ends the backend once it reads EOF.
     let info = await locks.inspect(name);
-    for (let i = 0; i < 200 && info.state === "held"; i++) {
-      await delay(5); // the server ends the backend once it reads EOF
-      info = await locks.inspect(name);
-    }
+    await waitFor(
+      async () => (info = await locks.inspect(name)).state !== "held",
+      "the killed holder's session ended",
+    );
     assert.equal(info.state, "stale");
     assert.equal(info.pid, holder.pid);
     assert.deepEqual(await locks.activePid(name), {
@@ -340,88 +338,99 @@ describe("postgres backend", { skip: !hasServer }, () => {
     // The FATAL message reaches us just before the backend exits and
     // drops the lock: the signal may abort a moment before it reads free.
     let state = (await locks.inspect(name)).state;
-    for (let i = 0; i < 200 && state === "held"; i++) {
-      await delay(5);
-      state = (await locks.inspect(name)).state;
-    }
+    await waitFor(
+      async () => (state = (await locks.inspect(name)).state) !== "held",
+      "the terminated session ended",
+    );
     assert.equal(state, "stale");
     await using next = await locks.acquire(name);
     assert.ok(next.fence > lock.fence);
   });
 
+  // A server that stops answering: a proxy (fixtures/pg_proxy.ts) that
+  // stops passing bytes on, as a SIGSTOPped backend does, without
+  // signalling a server process by a PID read back from the server.
   test(
-    "a holder whose server stops answering (its backend SIGSTOPped) sees lock.signal abort after heartbeatInterval + heartbeatTimeout",
-    {
-      skip: !localServer,
-    },
+    "a holder whose server stops answering (a frozen connection) sees lock.signal abort after heartbeatInterval + heartbeatTimeout",
     async () => {
       const name = unique("silent-holder");
-      await using locks = pgLocks(url, {
-        heartbeatInterval: 200,
-        heartbeatTimeout: 400,
-      });
-      await using probe = pgLocks(url);
-      const lock = await locks.acquire(name);
-      const backend = (await probe.inspect(name)).backendPid;
-      const aborted = new Promise<number>((resolve) =>
-        lock.signal.addEventListener("abort", () => resolve(performance.now()))
-      );
-      const keepAlive = setInterval(() => {}, 1_000);
-      const t0 = performance.now();
-      process.kill(backend, "SIGSTOP");
+      const proxy = await freezableProxy(url);
       try {
-        const at = await aborted;
-        assert.ok(at - t0 < 2_000, `${at - t0} ms`);
-        assert.ok(lock.signal.reason instanceof LockLostError);
-        assert.match(
-          lock.signal.reason.message,
-          /did not answer a heartbeat within 400 ms/,
+        await using locks = pgLocks(proxy.url, {
+          heartbeatInterval: 200,
+          heartbeatTimeout: 400,
+        });
+        await using probe = pgLocks(url);
+        const lock = await locks.acquire(name);
+        const aborted = new Promise<number>((resolve) =>
+          lock.signal.addEventListener(
+            "abort",
+            () => resolve(performance.now()),
+          )
         );
+        const keepAlive = setInterval(() => {}, 1_000);
+        const t0 = performance.now();
+        proxy.freeze();
+        try {
+          const at = await aborted;
+          console.log(
+            `signal aborted ${(at - t0).toFixed(1)} ms after the freeze`,
+          );
+          assert.ok(lock.signal.reason instanceof LockLostError);
+          assert.match(
+            lock.signal.reason.message,
+            /did not answer a heartbeat within 400 ms/,
+          );
+          assert.equal((await probe.inspect(name)).state, "held");
+        } finally {
+          proxy.thaw();
+          clearInterval(keepAlive);
+        }
+        // Thawed, the backend reads our closed socket and ends: the lock is
+        // free.
+        await using next = await probe.acquire(name, { timeout: 30_000 });
+        assert.ok(next.fence > lock.fence);
       } finally {
-        process.kill(backend, "SIGCONT");
-        clearInterval(keepAlive);
+        await proxy.close();
       }
-      // Resumed, the backend reads our closed socket and ends: the lock is free.
-      await using next = await probe.acquire(name, { timeout: 5_000 });
-      assert.ok(next.fence > lock.fence);
     },
   );
 
   test(
-    "a wait whose server stops answering fails with RunlockError after the slice plus heartbeatTimeout instead of hanging",
-    {
-      skip: !localServer,
-    },
+    "a wait whose server stops answering (a frozen connection) fails with RunlockError after the slice plus heartbeatTimeout instead of hanging",
     async () => {
       const name = unique("silent-waiter");
-      await using b = pgLocks(url, {
-        heartbeatInterval: 200,
-        heartbeatTimeout: 400,
-      });
+      const proxy = await freezableProxy(url);
       const holder = child("hold", url, name);
-      await holder.expect("acquired");
-      const t0 = performance.now();
-      const waiting = b.acquire(name, { timeout: 1_000 });
-      waiting.catch(() => {});
-      await waitersBlocked(url, 1);
-      const backend = Number(psql(
-        url,
-        `SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%pg_advisory_lock(%' LIMIT 1`,
-      ));
-      process.kill(backend, "SIGSTOP");
       try {
-        const err = await waiting.catch((e) => e);
-        const took = performance.now() - t0;
-        assert.ok(err instanceof RunlockError, String(err));
-        assert.ok(!(err instanceof HeldError));
-        assert.match(
-          err.message,
-          /did not answer a statement within \d+ ms/,
-        );
-        assert.ok(took < 3_000, `${took} ms`);
+        await using b = pgLocks(proxy.url, {
+          heartbeatInterval: 200,
+          heartbeatTimeout: 400,
+        });
+        await holder.expect("acquired");
+        const t0 = performance.now();
+        const waiting = b.acquire(name, { timeout: 1_000 });
+        waiting.catch(() => {});
+        await waitersBlocked(url, 1);
+        proxy.freeze();
+        try {
+          const err = await waiting.catch((e) => e);
+          const took = performance.now() - t0;
+          assert.ok(err instanceof RunlockError, String(err));
+          assert.ok(!(err instanceof HeldError));
+          assert.match(
+            err.message,
+            /did not answer a statement within \d+ ms/,
+          );
+          console.log(
+            `the frozen wait failed ${took.toFixed(1)} ms after it began`,
+          );
+        } finally {
+          proxy.thaw();
+        }
       } finally {
-        process.kill(backend, "SIGCONT");
         await holder.kill();
+        await proxy.close();
       }
     },
   );
@@ -494,13 +503,17 @@ describe("postgres backend", { skip: !hasServer }, () => {
     }
   });
 
-  test("a connection refused, a wrong password and a bad URL fail at once with a clear error that never shows the password", async () => {
+  test("a connection refused, a wrong password and a bad URL fail with a clear error that never shows the password", async () => {
     const port = await freePort();
     const t0 = performance.now();
     const refused = await pgLocks(
       `postgres://app:s3cret-pw@127.0.0.1:${port}/appdb`,
     ).acquire("x").catch((e) => e);
-    assert.ok(performance.now() - t0 < 2_000);
+    console.log(
+      `connection refused reported after ${
+        (performance.now() - t0).toFixed(1)
+      } ms`,
+    );
     assert.ok(refused instanceof RunlockError, String(refused));
     assert.match(
       refused.message,
@@ -609,7 +622,10 @@ describe("postgres backend", { skip: !hasServer }, () => {
     assert.equal(timedOut.pid, holder.pid);
     assert.equal(timedOut.byThisProcess, false);
     assert.ok(timedOut.started instanceof Date);
-    assert.ok(waited >= 290 && waited < 2_000, `${waited} ms`);
+    // Not before the timeout (timers may fire a few ms early); how long
+    // after it is the machine's load, printed.
+    assert.ok(waited >= 290, `${waited} ms`);
+    console.log(`timeout 300 ms: HeldError after ${waited.toFixed(1)} ms`);
 
     const controller = new AbortController();
     const waiting = b.acquire(name, {
@@ -621,14 +637,14 @@ describe("postgres backend", { skip: !hasServer }, () => {
     controller.abort(reason);
     await assert.rejects(waiting, (err) => err === reason);
     // The server-side wait was canceled, not left queued for the lock.
-    for (let i = 0; i < 100; i++) {
-      const queued = psql(
-        url,
-        `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%pg_advisory_lock(%'`,
-      );
-      if (queued === "0") break;
-      await delay(10);
-    }
+    await waitFor(
+      () =>
+        psql(
+          url,
+          `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%pg_advisory_lock(%'`,
+        ) === "0",
+      "the canceled wait left the server's lock queue",
+    );
     assert.equal(
       psql(
         url,
@@ -663,19 +679,19 @@ describe("postgres backend", { skip: !hasServer }, () => {
         how === "release" ? "release" : "keep",
       );
       await proc.expect("acquired");
-      const t0 = performance.now();
+      // A hang detector, not a speed goal: a process kept alive by its
+      // session never exits.
       const exit = await Promise.race([
         proc.exited,
-        delay(5_000).then(() => "still running"),
+        delay(60_000).then(() => "still running after 60 s"),
       ]);
       assert.deepEqual(exit, { code: 0, signal: null }, `${how}: ${exit}`);
-      assert.ok(performance.now() - t0 < 5_000);
       await using locks = pgLocks(url);
       let state = (await locks.inspect(name)).state;
-      for (let i = 0; i < 100 && state === "held"; i++) {
-        await delay(5);
-        state = (await locks.inspect(name)).state;
-      }
+      await waitFor(
+        async () => (state = (await locks.inspect(name)).state) !== "held",
+        `the ${how} process's session ended`,
+      );
       assert.equal(state, how === "release" ? "free" : "stale");
     }
     // Waiting is what keeps a process alive: a child blocked in acquire()
@@ -712,10 +728,10 @@ describe("postgres backend", { skip: !hasServer }, () => {
     // The held lock survives end(); probe and idle sessions are gone.
     assert.equal(await again.isOwned(), true);
     let after = mine();
-    for (let i = 0; i < 100 && after > before - 2; i++) {
-      await delay(5);
-      after = mine();
-    }
+    await waitFor(
+      () => (after = mine()) <= before - 2,
+      "end() closed the probe and idle sessions",
+    );
     assert.ok(after <= before - 2, `${before} -> ${after}`);
     await again.release();
     await assert.rejects(locks.acquire(name), /end\(\) was called/);
@@ -750,7 +766,6 @@ describe("postgres backend", { skip: !hasServer }, () => {
       assert.ok(BigInt(next.fence as string) > lock.fence);
       await waiter.kill();
     } finally {
-      await delay(50);
       psql(url, `DROP DATABASE ${db} WITH (FORCE)`);
     }
   });
@@ -801,7 +816,9 @@ describe("postgres backend across server restarts", {
     const { dir, cleanup } = tempDir();
     const log = join(dir, "log");
     const loop = unique("loop");
-    const until = Date.now() + 9_000;
+    // Workers run until this file exists.
+    const stop = join(dir, "stop");
+    const enters = () => readFileSync(log, "utf8").split("enter ").length - 1;
     const workers = Array.from(
       { length: 3 },
       () =>
@@ -810,14 +827,18 @@ describe("postgres backend across server restarts", {
           loop,
           log,
           join(dir, "owner"),
-          String(until),
+          stop,
           "20", // ms inside: restarts likely catch someone there
         ]),
     );
     try {
       for (const h of holders) await h.expect("acquired");
+      appendFileSync(log, "");
       for (const mode of ["fast", "immediate"] as const) {
-        await delay(1_500);
+        // Each restart comes after 10 more critical sections: the workers
+        // are looping then, whatever the machine's load.
+        const before = enters();
+        while (enters() < before + 10) await delay(10);
         appendFileSync(log, `restart ${mode}\n`);
         cluster.restart(mode);
         appendFileSync(log, "restarted\n");
@@ -834,6 +855,7 @@ describe("postgres backend across server restarts", {
           await holders[i].expect("acquired");
         }
       }
+      writeFileSync(stop, "");
       for (const w of workers) {
         const done = await w.next();
         assert.equal(
@@ -850,6 +872,7 @@ describe("postgres backend across server restarts", {
       );
       assert.ok(r.enters >= 20, `only ${r.enters} critical sections`);
     } finally {
+      writeFileSync(stop, "");
       for (const h of holders) await h.kill();
       for (const w of workers) await w.kill();
       cleanup();
@@ -860,15 +883,19 @@ describe("postgres backend across server restarts", {
     const url = cluster.url;
     const name = unique("stalled");
     const holder = child("hold", url, name);
+    const { dir, cleanup } = tempDir();
+    const resume = join(dir, "resume");
     try {
       const got = await holder.expect("acquired");
-      holder.send("stall 4000");
-      await delay(200); // it is blocked now
+      // Blocked until the successor holds the lock.
+      holder.send(`stall-until ${resume}`);
+      await holder.expect("stalling");
       cluster.restart("fast");
       await using locks = pgLocks(url);
       await using lock = await locks.acquire(name, { timeout: 10_000 });
       const tookOver = performance.timeOrigin + performance.now();
       assert.ok(lock.fence > BigInt(got.fence as string));
+      writeFileSync(resume, "");
       // Still blocked: it has not processed the restart, and believes it
       // holds the lock. When it runs again, its signal aborts.
       const stalled = await holder.expect("stalled");
@@ -898,7 +925,9 @@ describe("postgres backend across server restarts", {
           true,
         ), /entered while/);
     } finally {
+      writeFileSync(resume, "");
       await holder.kill();
+      cleanup();
     }
   });
 
