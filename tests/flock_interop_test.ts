@@ -1,12 +1,11 @@
 // runlock's lock is a real flock(2): flock(1) and Python's fcntl.flock see
 // it, and a flock(1) holder excludes runlock.
 import assert from "node:assert/strict";
-import { spawn, spawnSync } from "node:child_process";
+import { spawnSync } from "node:child_process";
 import { join } from "node:path";
-import process from "node:process";
 import { describe, test } from "node:test";
 import { acquire, activePid, held, HeldError, inspect } from "../mod.ts";
-import { delay, holder, run, tempDir } from "./_helpers.ts";
+import { Child, holder, run, tempDir } from "./_helpers.ts";
 
 const python = spawnSync("python3", ["--version"]).status === 0;
 
@@ -54,13 +53,18 @@ describe("flock interop", () => {
   test("flock(1) holding the file excludes runlock, and probes report it held", async () => {
     const { dir, cleanup } = tempDir();
     const path = join(dir, "run.lock");
-    // flock(1) creates the file empty and holds it: no pid to name.
-    const tool = spawn("flock", [path, "sleep", "30"], {
-      stdio: "ignore",
-      detached: true, // its own process group: flock and its sleep die together
-    });
+    // flock(1) creates the file empty and holds it: no pid to name. Its
+    // command says when flock holds it, and ends (and flock with it) when
+    // our end of its stdin closes.
+    const tool = new Child("", [], undefined, [
+      "flock",
+      path,
+      "sh",
+      "-c",
+      "echo locked; read _; exit 0",
+    ]);
     try {
-      await delay(200);
+      assert.equal((await tool.next()).text, "locked");
       assert.equal(await held(path), true);
       assert.equal((await inspect(path)).state, "held");
       assert.deepEqual(await activePid(path), { pid: 0, alive: true });
@@ -70,8 +74,10 @@ describe("flock interop", () => {
         assert.match(err.message, /the file names no pid/);
         return true;
       });
+      tool.proc.stdin!.end();
+      assert.equal(((await tool.exited) as { code: number }).code, 0);
     } finally {
-      process.kill(-tool.pid!, "SIGKILL");
+      await tool.kill();
       cleanup();
     }
   });
@@ -80,22 +86,23 @@ describe("flock interop", () => {
     const { dir, cleanup } = tempDir();
     const path = join(dir, "run.lock");
     try {
-      // A script in the style of `exec 9>f; flock -n 9; echo $$ >&9`.
-      const script = spawn("sh", [
+      // A script in the style of `exec 9>f; flock -n 9; echo $$ >&9`; it
+      // says when it holds the lock, and holds it until killed.
+      const script = new Child("", [], undefined, [
+        "sh",
         "-c",
-        'exec 9>"$1"; flock -n 9 || exit 1; echo $$ >&9; exec sleep 30',
+        'exec 9>"$1"; flock -n 9 || exit 1; echo $$ >&9; echo locked; exec sleep 300',
         "sh",
         path,
-      ], { stdio: "ignore" });
-      await delay(300);
+      ]);
+      assert.equal((await script.next()).text, "locked");
       assert.equal(await held(path), true);
       await assert.rejects(acquire(path), (err) => {
         assert.ok(err instanceof HeldError);
         assert.equal(err.pid, script.pid);
         return true;
       });
-      script.kill("SIGKILL");
-      await new Promise((resolve) => script.on("close", resolve));
+      await script.kill("SIGKILL");
       const lock = await acquire(path); // its pid is dead and its flock gone
       await lock.release();
     } finally {

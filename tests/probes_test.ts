@@ -1,11 +1,10 @@
 // Probes are read-only and never mistake each other for a holder.
 import assert from "node:assert/strict";
-import { spawn } from "node:child_process";
 import { readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { describe, test } from "node:test";
 import { acquire, activePid, ContendedError, held, inspect } from "../mod.ts";
-import { Child, deadPid, delay, tempDir } from "./_helpers.ts";
+import { Child, deadPid, tempDir } from "./_helpers.ts";
 
 describe("probes", () => {
   test("a missing file is free: held false, activePid {0, false}, inspect free", async () => {
@@ -60,17 +59,30 @@ describe("probes", () => {
     try {
       const path = join(dir, "run.lock");
       writeFileSync(path, `${deadPid()}\nrunlock 1\n`);
-      // flock -s stands for a prober caught in the middle of its probe.
-      const prober = spawn("flock", ["-s", path, "sleep", "1.5"], {
-        stdio: "ignore",
-      });
-      await delay(150);
-      assert.equal(await held(path), false);
-      await assert.rejects(acquire(path), ContendedError);
-      const lock = await acquire(path, { timeout: 5000 });
-      assert.equal(await held(path), true);
-      await lock.release();
-      prober.kill();
+      // flock -s stands for a prober caught in the middle of its probe; it
+      // lets go when our end of its stdin closes.
+      const prober = new Child("", [], undefined, [
+        "flock",
+        "-s",
+        path,
+        "sh",
+        "-c",
+        "echo locked; read _",
+      ]);
+      try {
+        assert.equal((await prober.next()).text, "locked");
+        assert.equal(await held(path), false);
+        await assert.rejects(acquire(path), ContendedError);
+        // A waiter backs off while the prober holds its shared lock, and
+        // takes over once it lets go.
+        const waiting = acquire(path, { timeout: 60_000 });
+        prober.proc.stdin!.end();
+        const lock = await waiting;
+        assert.equal(await held(path), true);
+        await lock.release();
+      } finally {
+        await prober.kill();
+      }
     } finally {
       cleanup();
     }
@@ -84,21 +96,24 @@ describe("probes", () => {
       writeFileSync(path, `${dead}\nrunlock 1\n`);
       // flock(1) stands for a taker: LOCK_EX on the crashed run's file for a
       // moment, then the file is gone (a real taker unlinks it and links its
-      // own; here nobody follows, so the answer is "free").
+      // own; here nobody follows, so the answer is "free"). It removes the
+      // file once the probes have begun (a line on its stdin).
       const taker = new Child("", [], undefined, [
         "flock",
         "-x",
         path,
         "sh",
         "-c",
-        `echo locked; sleep 0.03; rm -f '${path}'`,
+        `echo locked; read _; rm -f '${path}'`,
       ]);
       assert.equal((await taker.next()).text, "locked");
-      const [info, isHeld, active] = await Promise.all([
+      const probes = Promise.all([
         inspect(path),
         held(path),
         activePid(path),
       ]);
+      taker.send("go");
+      const [info, isHeld, active] = await probes;
       assert.equal(info.state, "free", JSON.stringify(info));
       assert.equal(isHeld, false);
       assert.deepEqual(active, { pid: 0, alive: false });
@@ -114,22 +129,24 @@ describe("probes", () => {
       const path = join(dir, "run.lock");
       const dead = deadPid();
       writeFileSync(path, `${dead}\nrunlock 1\n`);
-      const tool = spawn("flock", [
+      // It holds the file until our end of its stdin closes.
+      const tool = new Child("", [], undefined, [
+        "flock",
         "-x",
         path,
         "sh",
         "-c",
-        "echo locked; sleep 5",
-      ], {
-        stdio: ["ignore", "pipe", "ignore"],
-      });
-      await new Promise<void>((resolve) =>
-        tool.stdout!.once("data", () => resolve())
-      );
-      const info = await inspect(path);
-      assert.equal(info.state, "held");
-      assert.equal(info.pid, dead);
-      await tool.kill();
+        "echo locked; read _",
+      ]);
+      try {
+        assert.equal((await tool.next()).text, "locked");
+        const info = await inspect(path);
+        assert.equal(info.state, "held");
+        assert.equal(info.pid, dead);
+      } finally {
+        tool.proc.stdin!.end();
+        await tool.kill();
+      }
     } finally {
       cleanup();
     }
