@@ -223,6 +223,18 @@ class RunLock implements Lock {
   #loss(): LockLostError | undefined {
     const ours = (info: FileInfo | null) =>
       info !== null && info.dev === this.#id.dev && info.ino === this.#id.ino;
+    // The path as it was named is read before the pinned one: a file
+    // replaced between the two reads then shows as replaced (the pinned read
+    // sees the new file), never as a directory moved away (the order the
+    // other way round read our file through the pin, then the replacement
+    // through the name, and said the directory had moved).
+    // A failed read of the name proves nothing (the pinned read decides).
+    let named: FileInfo | null | undefined;
+    try {
+      if (this.#named !== undefined) named = p.lstat(this.#named);
+    } catch {
+      named = undefined;
+    }
     const now = p.lstat(this.#target.file);
     if (ours(now)) {
       if (this.#moved) {
@@ -232,9 +244,7 @@ class RunLock implements Lock {
           "was moved away and back (another run may have held the lock meanwhile)",
         );
       }
-      if (this.#named === undefined || ours(p.lstat(this.#named))) {
-        return undefined;
-      }
+      if (named === undefined || ours(named)) return undefined;
       return new LockLostError(
         this.path,
         this.pid,
