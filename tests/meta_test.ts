@@ -15,6 +15,54 @@ import { describe, test } from "node:test";
 import { acquire, acquireSync, inspect } from "../mod.ts";
 import { Child, fixtureCommand, runtime, tempDir } from "./_helpers.ts";
 
+/**
+ * The sleeps a probe asks for while a dead PID of this namespace sits
+ * under a held flock (flock(1) on a record naming a finished process): a
+ * takeover in progress, waited out.
+ */
+async function takeoverSleeps(dir: string): Promise<number[]> {
+  const path = join(dir, "takeover.lock");
+  writeFileSync(path, `${spawnSync("true").pid}\nrunlock 1\n`);
+  const tool = new Child("", [], undefined, [
+    "flock",
+    "-x",
+    path,
+    "sh",
+    "-c",
+    "echo locked; read _",
+  ]);
+  try {
+    assert.equal((await tool.next()).text, "locked");
+    const { result, timers } = await countingTimers(() => inspect(path));
+    assert.equal(result.state, "held");
+    assert.ok(timers.length > 0, "the probe looked again");
+    return timers;
+  } finally {
+    tool.proc.stdin!.end();
+    await tool.kill();
+  }
+}
+
+/**
+ * Runs `fn` and returns the delays of the timers set (through the global
+ * setTimeout) while it ran: how often a probe slept to look again.
+ */
+async function countingTimers<T>(
+  fn: () => Promise<T>,
+): Promise<{ result: T; timers: number[] }> {
+  const timers: number[] = [];
+  const real = globalThis.setTimeout;
+  globalThis.setTimeout = ((handler: () => void, ms?: number) => {
+    timers.push(ms ?? 0);
+    return real(handler, ms);
+  }) as typeof setTimeout;
+  try {
+    return { result: await fn(), timers };
+  } finally {
+    globalThis.setTimeout = real;
+  }
+}
+
 const META = {
   cmd: "./sync.sh --full 'a b'",
   "job.id": "42",
@@ -296,7 +344,7 @@ describe("where the PID lives", () => {
           path,
           "sh",
           "-c",
-          "echo locked; exec sleep 5",
+          "echo locked; read _",
         ]);
         try {
           assert.equal((await tool.next()).text, "locked");
@@ -305,13 +353,10 @@ describe("where the PID lives", () => {
           assert.equal(info.pidValidHere, valid, name);
           assert.equal(info.pidElsewhere, elsewhere, name);
         } finally {
-          // Its command keeps the output pipe a few seconds longer: wait
-          // for flock(1) itself only.
-          const gone = new Promise((resolve) =>
-            tool.proc.once("exit", resolve)
-          );
-          tool.proc.kill("SIGKILL");
-          await gone;
+          // Its command ends when our end of its stdin closes, and flock(1)
+          // with it.
+          tool.proc.stdin!.end();
+          await tool.kill();
         }
         // Not held, the PID says nothing: its namespace may be gone, and
         // its inode number reused.
@@ -346,14 +391,22 @@ describe("where the PID lives", () => {
       try {
         const held = await child.expect("acquired");
         assert.equal(held.pid, 1, "PID 1 inside its namespace");
-        const started = performance.now();
-        const info = await inspect(path);
         // Its PID is dead from here, under a held flock: that is not a
-        // takeover in progress (which probes wait out, sleeping 255 ms in
-        // all), since the PID lives in another namespace.
+        // takeover in progress (which probes wait out), since the PID lives
+        // in another namespace: the probe looks again only as long as a
+        // takeover takes. The sleeps it asks for are counted (not the time
+        // it took), against a probe of a dead PID of this namespace under a
+        // held flock, which waits out a takeover.
+        const { result: info, timers } = await countingTimers(() =>
+          inspect(path)
+        );
+        const waitedOut = await takeoverSleeps(dir);
+        const sum = (ms: number[]) => ms.reduce((a, b) => a + b, 0);
         assert.ok(
-          performance.now() - started < 250,
-          "no waiting for a takeover",
+          sum(timers) < sum(waitedOut),
+          `slept ${timers.join("+")} ms; a takeover is waited out with ${
+            waitedOut.join("+")
+          } ms`,
         );
         assert.equal(info.state, "held");
         assert.equal(info.pid, 1);

@@ -20,7 +20,7 @@ import { dirname, join } from "node:path";
 import process from "node:process";
 import { describe, test } from "node:test";
 import { commandLines, readmeBlock, root } from "./_readme.ts";
-import { delay, holder, runtime } from "./_helpers.ts";
+import { delay, holder, runtime, waitFor } from "./_helpers.ts";
 
 declare const Deno: { execPath(): string };
 
@@ -51,9 +51,8 @@ function sh(line: string, cwd: string) {
   return { code: r.status, stdout: r.stdout, stderr: r.stderr };
 }
 
-async function until(condition: () => boolean): Promise<void> {
-  for (let i = 0; i < 400 && !condition(); i++) await delay(25);
-  assert.ok(condition(), "timed out");
+function until(condition: () => boolean): Promise<void> {
+  return waitFor(condition, "the README's program");
 }
 
 describe("the README, as written", { skip: runtime !== "deno" }, () => {
@@ -160,7 +159,14 @@ describe("the README, as written", { skip: runtime !== "deno" }, () => {
 
       const block = readmeBlock("release-on-signals");
       assert.equal(block.lang, "ts");
-      writeFileSync(join(dir, "main.ts"), block.text);
+      // The README's program, unchanged, imported by a main module that
+      // says when the program's top level (acquire, then the listeners) has
+      // run: the signal is sent only then.
+      writeFileSync(join(dir, "readme.ts"), block.text);
+      writeFileSync(
+        join(dir, "main.ts"),
+        'import "./readme.ts";\nconsole.log("listening");\n',
+      );
       const cases = [["SIGTERM", 143], ["SIGINT", 130]] as const;
       for (const [signal, code] of cases) {
         const program = spawn(Deno.execPath(), [
@@ -169,12 +175,16 @@ describe("the README, as written", { skip: runtime !== "deno" }, () => {
           "--allow-read=.state",
           "--allow-write=.state",
           "main.ts",
-        ], { cwd: dir, env: env(), stdio: ["ignore", "inherit", "inherit"] });
+        ], { cwd: dir, env: env(), stdio: ["ignore", "pipe", "inherit"] });
+        let out = "";
+        program.stdout!.on("data", (d) => (out += d));
         const exited = new Promise<number | null>((resolve) =>
           program.on("close", (c) => resolve(c))
         );
-        await until(() => existsSync(path));
-        await delay(300); // the listeners are installed right after acquire
+        await until(() => out.includes("listening\n"));
+        assert.equal(existsSync(path), true, "it holds the lock");
+        // process.kill of our own child's PID (it runs: it just said so):
+        // Deno's ChildProcess.kill reports an exit by the signal at once.
         process.kill(program.pid!, signal);
         assert.equal(await exited, code, signal);
         assert.equal(existsSync(path), false, `released on ${signal}`);
