@@ -259,3 +259,23 @@ export async function waitFor(
     await delay(5);
   }
 }
+
+/**
+ * Runs `fn` and returns the delays of the timers set (through the global
+ * setTimeout) while it ran: how often a probe slept to look again.
+ */
+export async function countingTimers<T>(
+  fn: () => Promise<T>,
+): Promise<{ result: T; timers: number[] }> {
+  const timers: number[] = [];
+  const real = globalThis.setTimeout;
+  globalThis.setTimeout = ((handler: () => void, ms?: number) => {
+    timers.push(ms ?? 0);
+    return real(handler, ms);
+  }) as typeof setTimeout;
+  try {
+    return { result: await fn(), timers };
+  } finally {
+    globalThis.setTimeout = real;
+  }
+}

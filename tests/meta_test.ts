@@ -13,7 +13,13 @@ import { hostname } from "node:os";
 import { join } from "node:path";
 import { describe, test } from "node:test";
 import { acquire, acquireSync, inspect } from "../mod.ts";
-import { Child, fixtureCommand, runtime, tempDir } from "./_helpers.ts";
+import {
+  Child,
+  countingTimers,
+  fixtureCommand,
+  runtime,
+  tempDir,
+} from "./_helpers.ts";
 
 /**
  * The sleeps a probe asks for while a dead PID of this namespace sits
@@ -40,26 +46,6 @@ async function takeoverSleeps(dir: string): Promise<number[]> {
   } finally {
     tool.proc.stdin!.end();
     await tool.kill();
-  }
-}
-
-/**
- * Runs `fn` and returns the delays of the timers set (through the global
- * setTimeout) while it ran: how often a probe slept to look again.
- */
-async function countingTimers<T>(
-  fn: () => Promise<T>,
-): Promise<{ result: T; timers: number[] }> {
-  const timers: number[] = [];
-  const real = globalThis.setTimeout;
-  globalThis.setTimeout = ((handler: () => void, ms?: number) => {
-    timers.push(ms ?? 0);
-    return real(handler, ms);
-  }) as typeof setTimeout;
-  try {
-    return { result: await fn(), timers };
-  } finally {
-    globalThis.setTimeout = real;
   }
 }
 

@@ -276,7 +276,8 @@ describe(`record properties (${runtime})`, () => {
     );
   });
 
-  test("no reader reads past 4 KiB: a 1 TiB sparse file behind a valid record is refused at once, and a record of exactly 4096 bytes is read", async () => {
+  test("no reader reads past 4 KiB: a sparse file of up to 1 TiB behind a valid record is refused as larger than 4096 bytes (the time printed; strace counts the bytes below), and a record of exactly 4096 bytes is read", async () => {
+    let slowest = 0;
     await fc.assert(
       fc.asyncProperty(
         fc.integer({ min: 4097, max: 2 ** 40 }),
@@ -290,15 +291,16 @@ describe(`record properties (${runtime})`, () => {
             assert.equal(info.state, "invalid");
             assert.match(info.reason ?? "", /larger than 4096 bytes/);
             await assert.rejects(acquire(path), InvalidLockFileError);
-            const ms = performance.now() - t0;
-            // Reading even 1 GiB of zeros would take far longer.
-            assert.ok(ms < 1000, `${ms} ms for a file of ${size} bytes`);
+            slowest = Math.max(slowest, performance.now() - t0);
           } finally {
             rmSync(path);
           }
         },
       ),
       runs(20),
+    );
+    console.log(
+      `slowest refusal of a large sparse file: ${slowest.toFixed(1)} ms`,
     );
     const path = freshPath();
     const head = `${deadPid()}\nrunlock 1\nhost=`;
