@@ -6,6 +6,7 @@
 // `bun build --compile` binary; scripts/test_npm.ts runs the CLI tests
 // against it under Deno).
 import { spawn, spawnSync } from "node:child_process";
+import { readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import process from "node:process";
 import { createInterface } from "node:readline";
@@ -50,56 +51,100 @@ export function start(...args: string[]): Background {
   return new Background([cmd, ...pre, ...args]);
 }
 
-/** A process in the background whose stdout lines the test can wait for. */
+/**
+ * Starts the CLI in the background with a pipe for its stdin, which `run`
+ * hands on to its command: the test writes lines to the command with
+ * `send`, and `endInput` (or `kill`) closes it.
+ */
+export function startWithInput(...args: string[]): Background {
+  return new Background([cmd, ...pre, ...args], { input: true });
+}
+
+/**
+ * A process in the background whose stdout lines the test can wait for.
+ *
+ * It is signalled only through what the test spawned: `signal` while its
+ * exit has not been seen, `kill` through the child handle. Nothing here
+ * takes a pid from anywhere else.
+ */
 export class Background {
   readonly child;
   readonly lines: string[] = [];
   #stderr = "";
   #waiters: (() => void)[] = [];
+  #gone = false;
   readonly exited: Promise<{ code: number | null; signal: string | null }>;
   /** Resolves on "exit", not "close": a grandchild may keep the pipes. */
   readonly died: Promise<unknown>;
 
-  constructor(argv: string[]) {
+  constructor(argv: string[], options: { input?: boolean } = {}) {
     this.child = spawn(argv[0], argv.slice(1), {
-      stdio: ["ignore", "pipe", "pipe"],
+      stdio: [options.input ? "pipe" : "ignore", "pipe", "pipe"],
     });
+    const wake = () => this.#waiters.splice(0).forEach((w) => w());
     createInterface({ input: this.child.stdout! }).on("line", (l) => {
       this.lines.push(l);
-      this.#waiters.splice(0).forEach((w) => w());
+      wake();
     });
     this.child.stderr!.on("data", (d) => {
       this.#stderr += d;
-      this.#waiters.splice(0).forEach((w) => w());
+      wake();
     });
     this.exited = new Promise((resolve) =>
       this.child.on("close", (code, signal) => resolve({ code, signal }))
     );
-    this.died = new Promise((resolve) => this.child.on("exit", resolve));
+    this.died = new Promise((resolve) =>
+      this.child.on("exit", (...args) => {
+        this.#gone = true;
+        wake();
+        resolve(args);
+      })
+    );
   }
 
   get pid(): number {
     return this.child.pid!;
   }
 
+  /** Whether the process runs still (its exit has not been seen). */
+  get running(): boolean {
+    return !this.#gone && this.child.exitCode === null &&
+      this.child.signalCode === null;
+  }
+
   stderr(): string {
     return this.#stderr;
   }
 
-  /** The first line matching `pattern`, waiting up to 20 s for it. */
-  async line(pattern: RegExp): Promise<string> {
+  /**
+   * Waits up to 20 s until `condition()` holds, looking again at each line,
+   * chunk of stderr and exit; `what` names it in the error.
+   */
+  async until(condition: () => boolean, what: string): Promise<void> {
     const deadline = Date.now() + 20_000;
-    while (Date.now() < deadline) {
-      const found = this.lines.find((l) => pattern.test(l));
-      if (found) return found;
+    while (!condition()) {
+      if (Date.now() >= deadline) {
+        throw new Error(
+          `timed out waiting for ${what}: ${
+            this.lines.join("|")
+          } ${this.#stderr}`,
+        );
+      }
       await Promise.race([
         new Promise<void>((r) => this.#waiters.push(r)),
         delay(50),
       ]);
     }
-    throw new Error(
-      `no line matching ${pattern}: ${this.lines.join("|")} ${this.#stderr}`,
+  }
+
+  /** The first line matching `pattern`, waiting up to 20 s for it. */
+  async line(pattern: RegExp): Promise<string> {
+    let found: string | undefined;
+    await this.until(
+      () => (found = this.lines.find((l) => pattern.test(l))) !== undefined,
+      `a line matching ${pattern}`,
     );
+    return found!;
   }
 
   /**
@@ -107,20 +152,12 @@ export class Background {
    * it wakes on each chunk, so a test can time when a message came.
    */
   async stderrMatch(pattern: RegExp): Promise<RegExpMatchArray> {
-    const deadline = Date.now() + 20_000;
-    while (Date.now() < deadline) {
-      const m = this.#stderr.match(pattern);
-      if (m) return m;
-      await Promise.race([
-        new Promise<void>((r) => this.#waiters.push(r)),
-        delay(50),
-      ]);
-    }
-    throw new Error(
-      `stderr never matched ${pattern}: ${this.#stderr} | ${
-        this.lines.join("|")
-      }`,
+    let m: RegExpMatchArray | null = null;
+    await this.until(
+      () => (m = this.#stderr.match(pattern)) !== null,
+      `stderr matching ${pattern}`,
     );
+    return m!;
   }
 
   /** How many lines match `pattern`. */
@@ -129,18 +166,126 @@ export class Background {
   }
 
   /**
-   * Sends a signal to this process only (process.kill, not child.kill:
-   * under Deno, child.kill makes the exit look like death by that signal
-   * even when the process trapped it).
+   * Sends a signal to this process only (process.kill of the pid it was
+   * spawned with, while its exit has not been seen; not child.kill: under
+   * Deno, child.kill makes the exit look like death by that signal even
+   * when the process trapped it).
    */
   signal(name: NodeJS.Signals): void {
+    if (!this.running) {
+      throw new Error(`not sending ${name}: pid ${this.pid} has exited`);
+    }
     process.kill(this.pid, name);
   }
 
-  /** SIGKILLs the process if it still runs, and waits for it (cleanup). */
+  /**
+   * Sends `name` to `pid` only if that is a child of this process (its
+   * parent in /proc/PID/stat is this process, whose exit has not been
+   * seen): `run`'s command, which printed its own pid, and never a process
+   * that got the number after the command was gone. Returns whether it
+   * sent the signal.
+   */
+  signalChild(pid: number, name: NodeJS.Signals): boolean {
+    if (!this.running) return false;
+    let stat: string;
+    try {
+      stat = readFileSync(`/proc/${pid}/stat`, "utf8");
+    } catch {
+      return false; // gone
+    }
+    // "pid (comm) state ppid ...": comm may hold spaces and parentheses.
+    const ppid = Number(stat.slice(stat.lastIndexOf(")") + 2).split(" ")[1]);
+    if (ppid !== this.pid) return false;
+    process.kill(pid, name);
+    return true;
+  }
+
+  /** Writes a line to its stdin (started with an input pipe). */
+  send(line: string): void {
+    this.child.stdin!.write(line + "\n");
+  }
+
+  /** Closes its stdin, if it has one. */
+  endInput(): void {
+    this.child.stdin?.end();
+  }
+
+  /**
+   * Cleanup: closes its stdin, SIGKILLs the process through its child
+   * handle if it still runs (a handle whose process was reaped signals
+   * nothing), and waits until its pipes close.
+   */
   async kill(): Promise<void> {
-    killQuietly(this.pid);
+    this.endInput();
+    if (this.running) this.child.kill("SIGKILL");
     await this.exited;
+  }
+}
+
+/**
+ * Who reads a lock file, as inotify sees it (tests/fixtures/watch_reads.py):
+ * each close of the file by a process that opened it to read, as a waiting
+ * runlock's probe does, in the order it happened. The holder never reads
+ * its own file, so while the test reads nothing there, each read is the
+ * waiter looking at the lock (and, while the holder holds it, finding it
+ * held). A read of a marker file by the test marks a moment in the same
+ * queue: the reads after the mark came after that moment.
+ */
+export class Reads {
+  readonly #watch: Background;
+  readonly #marker: string;
+  #marks = 0;
+
+  private constructor(watch: Background, marker: string) {
+    this.#watch = watch;
+    this.#marker = marker;
+  }
+
+  /**
+   * Starts watching `path` (it must exist), with `marker` (a file that is
+   * created) for marks. Resolves once the watch is in place.
+   */
+  static async watch(path: string, marker: string): Promise<Reads> {
+    writeFileSync(marker, "");
+    const watch = new Background([
+      "python3",
+      fixture("watch_reads.py"),
+      path,
+      marker,
+    ]);
+    await watch.line(/^watching$/);
+    return new Reads(watch, marker);
+  }
+
+  /** Marks this moment; returns the mark's place in the stream. */
+  async mark(): Promise<number> {
+    readFileSync(this.#marker);
+    const nth = ++this.#marks;
+    let at = -1;
+    await this.#watch.until(() => {
+      let seen = 0;
+      at = this.#watch.lines.findIndex((l) => l === "read 1" && ++seen === nth);
+      return at >= 0;
+    }, `mark ${nth}`);
+    return at;
+  }
+
+  /**
+   * Waits (up to 20 s) until the lock file has been read `n` times after
+   * the place `after` in the stream (0: since the watch began).
+   */
+  async reads(n: number, after = 0): Promise<void> {
+    await this.#watch.until(
+      () =>
+        this.#watch.lines.slice(after).filter((l) => l === "read 0").length >=
+          n,
+      `${n} read(s) of the lock file`,
+    );
+  }
+
+  /** Stops watching. */
+  async stop(): Promise<void> {
+    await this.#watch.kill();
   }
 }
 
@@ -188,6 +333,32 @@ export class Terminal {
     return this.#output;
   }
 
+  /**
+   * The pid of the command the terminal runs, as pty_run.py (which spawned
+   * it) reports it.
+   */
+  async commandPid(): Promise<number> {
+    const deadline = Date.now() + 20_000;
+    while (Date.now() < deadline) {
+      const m = this.#status.match(/^pty: pid (\d+)$/m);
+      if (m) return Number(m[1]);
+      await Promise.race([
+        new Promise<void>((r) => this.#waiters.push(r)),
+        delay(50),
+      ]);
+    }
+    throw new Error(`the terminal never said its command's pid`);
+  }
+
+  /**
+   * Sends signal `name` to the terminal's command alone, by pty_run.py,
+   * its parent, which has not reaped it (as `kill PID` from another
+   * terminal would).
+   */
+  signal(name: NodeJS.Signals): void {
+    this.proc.stdin!.write(`signal ${name}\n`);
+  }
+
   /** Types `text` (a keypress such as "\x03" for Ctrl-C, or a line + "\r"). */
   type(text: string): void {
     this.proc.stdin!.write(`type ${hex(text)}\n`);
@@ -233,7 +404,11 @@ export class Terminal {
     throw new Error(`the command never exited:\n${this.#output}`);
   }
 
-  /** Ends the terminal (SIGKILLs its command if still running). */
+  /**
+   * Ends the terminal: pty_run.py SIGKILLs its command if it still runs,
+   * and whatever the command left behind (its own children, re-parented to
+   * pty_run.py, a child subreaper).
+   */
   async close(): Promise<void> {
     this.proc.stdin!.end();
     await this.closed;
@@ -246,13 +421,4 @@ export function processState(pid: number): string {
     encoding: "utf8",
   });
   return r.stdout.trim();
-}
-
-/** Kills a process if it still exists (test cleanup). */
-export function killQuietly(pid: number): void {
-  try {
-    process.kill(pid, "SIGKILL");
-  } catch {
-    // gone already
-  }
 }

@@ -23,26 +23,21 @@ import {
   cliCommand,
   cliRuntime,
   fixture,
-  killQuietly,
   processState,
+  Reads,
   start,
+  startWithInput,
 } from "./_cli.ts";
-import {
-  deadPid,
-  delay,
-  holder,
-  processExists,
-  runtime,
-  tempDir,
-} from "./_helpers.ts";
+import { deadPid, delay, holder, runtime, tempDir } from "./_helpers.ts";
 
 const [cmd, ...pre] = cliCommand();
 
-/** A command that counts the signals it gets (tests/fixtures/tty_child.py). */
+/**
+ * A command that counts the signals it gets (tests/fixtures/tty_child.py),
+ * under `startWithInput`: it reads lines from the test ("report", "die")
+ * and exits when the test closes its input.
+ */
 const counter = ["python3", fixture("tty_child.py")];
-
-/** How long to wait for a second copy of a signal that must not come. */
-const SETTLE = 500;
 
 /**
  * The signals `run` forwards (README, "Signals"), as far as this platform
@@ -287,9 +282,10 @@ describe("runlock run", () => {
     const path = join(dir, "run.lock");
     const marker = join(dir, "ran");
     const first = await holder(path);
+    const reads = await Reads.watch(path, join(dir, "mark"));
     try {
       const waiter = start("run", "--wait", path, "--", "touch", marker);
-      await delay(400);
+      await reads.reads(1); // it looked, and found the lock held
       assert.equal(existsSync(marker), false, "still waiting");
       first.send("release");
       await first.expect("released");
@@ -302,6 +298,7 @@ describe("runlock run", () => {
         "no waiting line when stderr is not a terminal",
       );
     } finally {
+      await reads.stop();
       await first.kill();
       cleanup();
     }
@@ -328,18 +325,27 @@ describe("runlock run", () => {
   test("forwards every catchable signal to the command's process group once, and keeps the lock through all of them", async () => {
     const { dir, cleanup } = tempDir();
     const path = join(dir, "run.lock");
-    const wrapper = start("run", path, "--", ...counter);
-    let pid = 0;
+    const wrapper = startWithInput("run", path, "--", ...counter);
     try {
-      pid = await readyPid(wrapper);
+      await readyPid(wrapper);
       for (const s of FORWARDED) {
         wrapper.signal(s);
         await wrapper.line(new RegExp(`^got ${s} 1$`));
       }
-      await delay(SETTLE);
-      for (const s of FORWARDED) {
-        assert.equal(wrapper.count(new RegExp(`^got ${s} `)), 1, s);
-      }
+      // A second copy would have been sent by the time runlock forwards
+      // the next signal: SIGHUP once more, then the command's own count
+      // (the report comes after every handler it has run).
+      wrapper.signal("SIGHUP");
+      await wrapper.line(/^got SIGHUP 2$/);
+      wrapper.send("report");
+      const counts = (s: NodeJS.Signals) => s === "SIGHUP" ? 2 : 1;
+      assert.equal(
+        await wrapper.line(/^report /),
+        `report ${
+          [...FORWARDED].sort().map((s) => `${s.slice(3)}=${counts(s)}`)
+            .join(" ")
+        } size=none`,
+      );
       const status = cli("status", path);
       assert.equal(status.code, 0, status.stdout);
       assert.match(status.stdout, new RegExp(`^held by pid ${wrapper.pid} `));
@@ -349,12 +355,14 @@ describe("runlock run", () => {
         // does; the README says so.)
         assert.doesNotMatch(wrapper.stderr(), /Debugger listening/);
       }
-      process.kill(pid, "SIGKILL");
+      wrapper.send("die"); // the command SIGKILLs itself
       assert.equal((await wrapper.exited).code, 137);
       assert.equal(existsSync(path), false, "released");
+      for (const s of FORWARDED) {
+        assert.equal(wrapper.count(new RegExp(`^got ${s} `)), counts(s), s);
+      }
     } finally {
-      if (pid) killQuietly(pid);
-      await wrapper.kill();
+      await wrapper.kill(); // (closes its input: the command exits)
       cleanup();
     }
   });
@@ -364,18 +372,21 @@ describe("runlock run", () => {
     const path = join(dir, "run.lock");
     const done = join(dir, "done");
     const script =
-      `trap "" TERM; echo ready; while [ ! -e "$1" ]; do sleep 0.05; done; exit 6`;
+      `trap "" TERM; trap "echo got HUP" HUP; echo ready; while [ ! -e "$1" ]; do sleep 0.05; done; exit 6`;
     const wrapper = start("run", path, "--", "sh", "-c", script, "sh", done);
     try {
       await wrapper.line(/^ready$/);
       wrapper.signal("SIGTERM");
-      await delay(SETTLE);
-      assert.ok(processExists(wrapper.pid), "runlock is still running");
+      // Had SIGTERM ended runlock, it could not forward a signal sent after.
+      wrapper.signal("SIGHUP");
+      await wrapper.line(/^got HUP$/);
+      assert.ok(wrapper.running, "runlock is still running");
       assert.equal(cli("status", path).code, 0, "and still holds the lock");
       writeFileSync(done, "");
       assert.equal((await wrapper.exited).code, 6, wrapper.stderr());
       assert.equal(existsSync(path), false, "released");
     } finally {
+      writeFileSync(done, ""); // the command ends (run's SIGKILL would not end it)
       await wrapper.kill();
       cleanup();
     }
@@ -384,7 +395,7 @@ describe("runlock run", () => {
   test("SIGTSTP to runlock stops the command, then runlock, with the lock held; SIGCONT continues both", async () => {
     const { dir, cleanup } = tempDir();
     const path = join(dir, "run.lock");
-    const wrapper = start("run", path, "--", ...counter);
+    const wrapper = startWithInput("run", path, "--", ...counter);
     let pid = 0;
     try {
       pid = await readyPid(wrapper);
@@ -400,7 +411,9 @@ describe("runlock run", () => {
       assert.doesNotMatch(processState(pid), /^T/);
       assert.doesNotMatch(processState(wrapper.pid), /^T/);
     } finally {
-      if (pid) killQuietly(pid);
+      // A command left stopped would never read the end of its input: it
+      // is runlock's child, and printed its own pid.
+      if (pid) wrapper.signalChild(pid, "SIGKILL");
       await wrapper.kill();
       cleanup();
     }
@@ -411,19 +424,26 @@ describe("runlock run", () => {
     const path = join(dir, "run.lock");
     const marker = join(dir, "ran");
     const first = await holder(path);
+    const reads = await Reads.watch(path, join(dir, "mark"));
     const waiter = start("run", "--wait", path, "--", "touch", marker);
     try {
-      await delay(SETTLE); // started, listening, and waiting
+      // Listening (run sets its signal listeners before it looks at the
+      // lock), and waiting: it looked and found the lock held.
+      await reads.reads(1);
       for (const s of ["SIGWINCH", "SIGCONT", "SIGURG"] as const) {
         waiter.signal(s);
       }
-      await delay(SETTLE);
-      assert.ok(processExists(waiter.pid), "still waiting");
+      // Each probe of the wait is a turn of runlock's event loop, which
+      // dispatches the signals it got before: two probes that began after
+      // the signals were sent mean that its listeners have seen them.
+      await reads.reads(2, await reads.mark());
+      assert.ok(waiter.running, "still waiting");
       waiter.signal("SIGUSR2");
       assert.deepEqual(await waiter.exited, { code: 140, signal: null });
       assert.equal(existsSync(marker), false, "the command never ran");
       assert.equal(cli("status", path).code, 0, "the holder is undisturbed");
     } finally {
+      await reads.stop();
       await waiter.kill();
       await first.kill();
       cleanup();
@@ -550,28 +570,28 @@ describe("runlock run", () => {
   test("as documented: if runlock itself is SIGKILLed, the lock drops at once, the command runs on, status says stale with runlock's pid", async () => {
     const { dir, cleanup } = tempDir();
     const path = join(dir, "run.lock");
-    let commandPid = 0;
+    const done = join(dir, "done");
+    // The command runs until the test creates "done", then says so: it
+    // outlives runlock, and ends by itself (nothing kills it by its pid).
+    const script =
+      'echo ready; while [ ! -e "$1" ]; do sleep 0.05; done; echo ran on';
+    const wrapper = start("run", path, "--", "sh", "-c", script, "sh", done);
     try {
-      const wrapper = start(
-        "run",
-        path,
-        "--",
-        "sh",
-        "-c",
-        "echo $$; exec sleep 30",
-      );
-      commandPid = Number(await wrapper.line(/^\d+$/));
+      await wrapper.line(/^ready$/);
       wrapper.signal("SIGKILL");
       await wrapper.died;
-      assert.ok(processExists(commandPid), "the command goes on");
       const r = cli("status", path);
       assert.equal(r.code, 1);
       assert.equal(
         r.stdout,
-        `stale: last holder pid ${wrapper.child.pid} is gone: sh -c 'echo $$; exec sleep 30'\n`,
+        `stale: last holder pid ${wrapper.pid} is gone: sh -c '${script}' sh ${done}\n`,
       );
+      writeFileSync(done, "");
+      await wrapper.line(/^ran on$/); // the command went on without runlock
+      await wrapper.exited; // (it held runlock's stdout until it ended)
     } finally {
-      if (commandPid) process.kill(commandPid, "SIGKILL");
+      writeFileSync(done, "");
+      await wrapper.kill();
       cleanup();
     }
   });
@@ -973,7 +993,6 @@ describe("runlock run: a lock lost while the command runs", () => {
     const done = join(dir, "done");
     const wrapper = await running(path, done, [], ["4"]);
     try {
-      await delay(300); // held for a while, past any start-up work
       const before = performance.now();
       unlinkSync(path);
       await wrapper.stderrMatch(/lost the lock/);
@@ -983,16 +1002,15 @@ describe("runlock run: a lock lost while the command runs", () => {
           ms.toFixed(1)
         } ms after the lock file was deleted`,
       );
-      assert.ok(ms < 2_000, `noticed after ${ms} ms`);
       assert.match(
         wrapper.stderr(),
         new RegExp(
           `^runlock: lost the lock while the command runs: ${path}: the lock file was deleted while pid ${wrapper.pid} held it; .*The command keeps running, without the lock \\(--on-lost=term would stop it\\)\n$`,
         ),
       );
-      await delay(SETTLE);
-      assert.ok(processExists(wrapper.pid), "run still runs");
       assert.equal(cli("status", path).stdout, "free\n");
+      // The command ends only now, when told to: its code coming through
+      // means that run went on after the loss, and did not stop it.
       writeFileSync(done, "");
       assert.equal((await wrapper.exited).code, 4, "the command's code");
       assert.equal(
@@ -1002,6 +1020,7 @@ describe("runlock run: a lock lost while the command runs", () => {
       );
       assert.equal(existsSync(path), false, "nothing recreated");
     } finally {
+      writeFileSync(done, "");
       await wrapper.kill();
       cleanup();
     }
@@ -1086,12 +1105,16 @@ describe("runlock wait", () => {
       for (const text of ["\r", "\x1b", "waiting"]) {
         assert.ok(!timedOut.stderr.includes(text), JSON.stringify(text));
       }
+      const reads = await Reads.watch(path, join(dir, "mark"));
       const waiter = start("wait", "--timeout=30", path);
-      await delay(1_300);
+      // Two looks, each finding it held: a waiting line, were there one,
+      // would be drawn after the first.
+      await reads.reads(2);
       first.send("release");
       await first.expect("released");
       assert.equal((await waiter.exited).code, 0);
       assert.equal(waiter.stderr(), "", "nothing while waiting");
+      await reads.stop();
       await first.kill();
     } finally {
       cleanup();

@@ -8,14 +8,12 @@ import assert from "node:assert/strict";
 import { existsSync, writeFileSync } from "node:fs";
 import { hostname } from "node:os";
 import { join } from "node:path";
-import process from "node:process";
 import { describe, test } from "node:test";
 import {
   type Background,
   cli,
   cliCommand,
   fixture,
-  killQuietly,
   processState,
   start,
   Terminal,
@@ -23,10 +21,12 @@ import {
 import { delay, tempDir } from "./_helpers.ts";
 
 const runlock = cliCommand();
+/**
+ * A command that counts the signals it gets and answers "report" with the
+ * counts (tests/fixtures/tty_child.py). Whatever a test leaves running,
+ * Terminal.close() ends (pty_run.py reaps it).
+ */
 const child = ["python3", fixture("tty_child.py")];
-
-/** How long to wait for a second copy of a signal that must not come. */
-const SETTLE = 500;
 
 /** Starts `runlock run <path> -- tty_child.py [mode]` as the terminal's job. */
 function runAtTerminal(path: string, mode: string[] = []): Terminal {
@@ -60,29 +60,38 @@ describe("runlock run at a terminal", () => {
     const { dir, cleanup } = tempDir();
     const path = join(dir, "run.lock");
     const term = runAtTerminal(path);
-    let pid = 0;
     try {
-      pid = await commandPid(term);
+      const pid = await commandPid(term);
+      const wrapper = await term.commandPid(); // runlock, the terminal's job
       term.type("\x1c");
       await term.waitFor(/got SIGQUIT 1/);
-      await delay(SETTLE);
-      assert.equal(term.count(/got SIGQUIT/g), 1, term.output);
+      // A second copy (from the terminal, to a command in its foreground
+      // group) would be in before runlock forwards a signal sent after:
+      // SIGUSR2, to runlock alone. Then the command's own counts.
+      term.signal("SIGUSR2");
+      await term.waitFor(/got SIGUSR2 1/);
+      term.type("report\r");
+      await term.waitFor(/report QUIT=1 USR2=1 size=24x80/);
       const status = cli("status", path);
       assert.equal(status.code, 0, `still held: ${status.stdout}`);
       const holder = Number(status.stdout.match(/^held by pid (\d+)/)![1]);
-      assert.notEqual(holder, pid, "held by runlock, not by the command");
+      assert.equal(holder, wrapper, "held by runlock");
+      assert.notEqual(holder, pid, "not by the command");
 
-      process.kill(holder, "SIGINT");
+      term.signal("SIGINT"); // to runlock alone, as `kill PID` does
       await term.waitFor(/got SIGINT 1/);
-      await delay(SETTLE);
+      term.signal("SIGUSR2");
+      await term.waitFor(/got SIGUSR2 2/);
+      term.type("report\r");
+      await term.waitFor(/report INT=1 QUIT=1 USR2=2 size=24x80/);
+      assert.equal(term.count(/got SIGQUIT/g), 1, term.output);
       assert.equal(term.count(/got SIGINT/g), 1, term.output);
 
       term.type("exit 4\r");
       assert.equal(await term.exit(), "exit 4", term.output);
       assert.equal(existsSync(path), false, "released");
     } finally {
-      await term.close();
-      if (pid) killQuietly(pid);
+      await term.close(); // (and whatever it left running)
       cleanup();
     }
   });
@@ -91,21 +100,21 @@ describe("runlock run at a terminal", () => {
     const { dir, cleanup } = tempDir();
     const path = join(dir, "run.lock");
     const term = runAtTerminal(path);
-    let pid = 0;
     try {
-      pid = await commandPid(term);
+      await commandPid(term);
       term.resize(30, 100);
       await term.waitFor(/got SIGWINCH 1/);
-      await delay(SETTLE);
+      // A second copy would be in before a signal runlock forwards after.
+      term.signal("SIGUSR2");
+      await term.waitFor(/got SIGUSR2 1/);
       term.type("report\r");
       const report = await term.waitFor(/report (.*) size=(\S+)/);
-      assert.match(report[1], /\bWINCH=1\b/);
+      assert.equal(report[1], "USR2=1 WINCH=1");
       assert.equal(report[2], "30x100");
       term.type("exit 0\r");
       assert.equal(await term.exit(), "exit 0", term.output);
     } finally {
-      await term.close();
-      if (pid) killQuietly(pid);
+      await term.close(); // (and whatever it left running)
       cleanup();
     }
   });
@@ -146,8 +155,7 @@ describe("runlock run at a terminal", () => {
       term.type("exit\r");
       await term.exit();
     } finally {
-      await term.close();
-      if (pid) killQuietly(pid);
+      await term.close(); // (and whatever it left running)
       cleanup();
     }
   });
@@ -195,9 +203,17 @@ describe("waiting for the lock at a terminal", () => {
         lines[0].startsWith(`runlock: waiting 0s for the lock: ${who}`),
         lines[0],
       );
-      for (const [i, s] of ["0s", "1s", "2s"].entries()) {
-        assert.ok(lines[i].startsWith(`runlock: waiting ${s} for `), lines[i]);
-      }
+      // One redraw per second waited, from 0s: a second may pass unseen
+      // (a probe late on a busy machine), never one shown twice.
+      const seconds = lines.map((l) =>
+        Number(l.match(/^runlock: waiting (\d+)s for /)?.[1])
+      );
+      assert.equal(seconds[0], 0, lines[0]);
+      assert.ok(
+        seconds.every((n, i) => i === 0 || n > seconds[i - 1]),
+        `the waited seconds grow with each redraw: ${seconds}`,
+      );
+      assert.ok(seconds.includes(2), `seconds: ${seconds}`);
       assert.ok(lines.every((l) => [...l].length <= 79), "fits 80 columns");
       assert.ok(lines[0].endsWith("…"), "cut to the width, not wrapped");
       assert.ok(
