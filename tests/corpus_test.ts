@@ -4,7 +4,7 @@
 // link targets) proving that nothing outside the row's expected change was
 // touched. Runs on every runtime.
 import assert from "node:assert/strict";
-import { spawn, spawnSync } from "node:child_process";
+import { type ChildProcess, spawn, spawnSync } from "node:child_process";
 import { createHash } from "node:crypto";
 import {
   existsSync,
@@ -73,6 +73,16 @@ const dead = deadPid();
 const NOT_PID = /is not a PID from 1 to 2147483647/;
 const SYMLINK = /is a symbolic link/;
 const NOT_REGULAR = /is not a regular file/;
+
+/** Ends a flock(1) holder whose command reads stdin; resolves on its exit. */
+function ended(child: ChildProcess): Promise<void> {
+  if (child.exitCode !== null || child.signalCode !== null) {
+    return Promise.resolve();
+  }
+  const closed = new Promise<void>((r) => child.on("close", () => r()));
+  child.stdin!.end();
+  return closed;
+}
 
 function sleeper(): { pid: number; done: () => void } {
   const child = spawn("sleep", ["60"], { stdio: "ignore" });
@@ -211,9 +221,15 @@ const ROWS: Row[] = [
     setup: (dir) => {
       const path = join(dir, "run.lock");
       writeFileSync(path, "not a pid\n");
-      const child = spawn("flock", ["--exclusive", path, "sleep", "60"], {
-        stdio: "ignore",
-      });
+      // flock(1)'s command holds the lock with it, until our end of its
+      // stdin closes (then both exit: no orphan left holding it).
+      const child = spawn(
+        "flock",
+        ["--exclusive", path, "sh", "-c", "read _"],
+        {
+          stdio: ["pipe", "ignore", "ignore"],
+        },
+      );
       // Wait until flock(1) holds it.
       while (
         spawnSync("flock", ["--nonblock", "--shared", path, "true"])
@@ -221,7 +237,7 @@ const ROWS: Row[] = [
       ) {
         spawnSync("sleep", ["0.01"]);
       }
-      return { path, done: () => void child.kill("SIGKILL") };
+      return { path, done: () => ended(child) };
     },
     acquire: { held: 0 },
     inspect: "held",
@@ -438,9 +454,13 @@ const ROWS: Row[] = [
     setup: (dir) => {
       const temp = join(dir, ".run.lock.0123456789abcdef.tmp");
       writeFileSync(temp, `${process.pid}\nrunlock 1\n`);
-      const child = spawn("flock", ["--exclusive", temp, "sleep", "60"], {
-        stdio: "ignore",
-      });
+      const child = spawn(
+        "flock",
+        ["--exclusive", temp, "sh", "-c", "read _"],
+        {
+          stdio: ["pipe", "ignore", "ignore"],
+        },
+      );
       while (
         spawnSync("flock", ["--nonblock", "--shared", temp, "true"])
           .status === 0
@@ -449,7 +469,7 @@ const ROWS: Row[] = [
       }
       return {
         path: join(dir, "run.lock"),
-        done: () => void child.kill("SIGKILL"),
+        done: () => ended(child),
       };
     },
     acquire: { takes: true },
