@@ -17,7 +17,13 @@ import { join } from "node:path";
 import process from "node:process";
 import { describe, test } from "node:test";
 import { acquire, acquireSync, held, HeldError, inspect } from "../mod.ts";
-import { Child, fixtureCommand, runtime, tempDir } from "./_helpers.ts";
+import {
+  Child,
+  fixtureCommand,
+  runtime,
+  tempDir,
+  waitFor,
+} from "./_helpers.ts";
 
 /** Points `link` at `to` atomically, as a deploy does. */
 function repoint(link: string, to: string): void {
@@ -32,19 +38,39 @@ function names(dir: string): string[] {
 
 const seconds = Number(process.env.RUNLOCK_PIN_RACE_SECONDS ?? 3);
 
-/** Runs flip_worker fixtures and returns the lines they logged. */
+/**
+ * Runs flip_worker fixtures while `mover` moves the directories, for
+ * `seconds` and until the mover said it is moving and every worker took
+ * the lock at least once; then stops them all (the file `stop`) and
+ * returns the lines the workers logged.
+ */
 async function raceWorkers(
   path: string,
   dirs: string[],
   log: string,
-  until: number,
+  stop: string,
   count: number,
+  mover: Child,
 ): Promise<string[]> {
+  const began = Date.now();
   const workers = Array.from(
     { length: count },
-    () =>
-      new Child("flip_worker.ts", [path, log, String(until), dirs.join(",")]),
+    () => new Child("flip_worker.ts", [path, log, stop, dirs.join(",")]),
   );
+  try {
+    await mover.expect("moving");
+    const entered = () => {
+      const text = existsSync(log) ? readFileSync(log, "utf8") : "";
+      return workers.every((w) => text.includes(` ${w.pid}\n`));
+    };
+    await waitFor(
+      () => Date.now() - began >= seconds * 1000 && entered(),
+      "every worker took the lock",
+      (60 + 4 * seconds) * 1000,
+    );
+  } finally {
+    writeFileSync(stop, "");
+  }
   for (const w of workers) {
     const done = await w.expect("done");
     assert.ok(
@@ -133,7 +159,7 @@ describe("a symlinked parent directory re-pointed while the lock is held", () =>
     }
   });
 
-  test(`a symlink re-pointed thousands of times while workers take and release the lock through it never lets two runs into one directory (${seconds} s)`, async () => {
+  test(`a symlink re-pointed over and over while workers take and release the lock through it never lets two runs into one directory (${seconds} s at least)`, async () => {
     const { dir, cleanup } = tempDir();
     const a = join(dir, "a");
     const b = join(dir, "b");
@@ -142,15 +168,16 @@ describe("a symlinked parent directory re-pointed while the lock is held", () =>
     const current = join(dir, "current");
     symlinkSync(a, current);
     const log = join(dir, "log");
-    const until = Date.now() + seconds * 1000;
-    const flipper = new Child("flipper.ts", [current, a, b, String(until)]);
+    const stop = join(dir, "stop");
+    const flipper = new Child("flipper.ts", [current, a, b, stop]);
     try {
       const lines = await raceWorkers(
         join(current, "run.lock"),
         [a, b],
         log,
-        until,
+        stop,
         4,
+        flipper,
       );
       const flips = await flipper.expect("done");
       const enters = lines.filter((l) => l.startsWith("enter")).length;
@@ -189,7 +216,7 @@ describe("real directories exchanged under a held lock", () => {
     ? "Deno pins the directory by its canonical path, not a descriptor"
     : !python && "python3 is not installed";
   test(
-    `directories swapped thousands of times while workers take and release the lock never break exclusion (${seconds} s)`,
+    `directories swapped over and over while workers take and release the lock never break exclusion (${seconds} s at least)`,
     { skip },
     async () => {
       const { dir, cleanup } = tempDir();
@@ -198,13 +225,15 @@ describe("real directories exchanged under a held lock", () => {
       mkdirSync(x);
       mkdirSync(y);
       const log = join(dir, "log");
-      const until = Date.now() + seconds * 1000;
+      const stop = join(dir, "stop");
       const script = `
-import ctypes, json, sys, time
+import ctypes, json, os, sys
 libc = ctypes.CDLL(None, use_errno=True)
-a, b, until = sys.argv[1].encode(), sys.argv[2].encode(), int(sys.argv[3])
+a, b, stop = sys.argv[1].encode(), sys.argv[2].encode(), sys.argv[3]
 n = 0
-while time.time() * 1000 < until:
+while not os.path.exists(stop):
+    if n == 200:
+        print(json.dumps({"event": "moving"}), flush=True)
     for _ in range(100):
         if libc.renameat2(-100, a, -100, b, 2) != 0:
             print(json.dumps({"event": "error", "errno": ctypes.get_errno()}), flush=True)
@@ -212,7 +241,7 @@ while time.time() * 1000 < until:
         n += 1
 print(json.dumps({"event": "done", "exchanges": n}), flush=True)
 `;
-      const exchanger = new Child("", [x, y, String(until)], undefined, [
+      const exchanger = new Child("", [x, y, stop], undefined, [
         "python3",
         "-c",
         script,
@@ -222,8 +251,9 @@ print(json.dumps({"event": "done", "exchanges": n}), flush=True)
           join(x, "run.lock"),
           [x, y],
           log,
-          until,
+          stop,
           4,
+          exchanger,
         );
         const done = await exchanger.expect("done");
         console.log(
