@@ -266,9 +266,10 @@ describe("postgres backend", { skip: !hasServer }, () => {
     await using locks = pgLocks(url);
     try {
       const got = await holder.expect("acquired");
-      // process.kill, not holder.proc.kill: Deno's ChildProcess.kill
-      // ("SIGSTOP") reports a bogus exit and drops the child's pipes.
-      process.kill(holder.pid, "SIGSTOP");
+      // Child.signal (process.kill of our child while it runs), not
+      // holder.proc.kill: Deno's ChildProcess.kill("SIGSTOP") reports a
+      // bogus exit and drops the child's pipes.
+      assert.ok(holder.signal("SIGSTOP"));
       const waiting = locks.acquire(name, { timeout: 30_000 });
       const waiterState = { done: false };
       waiting.then(() => waiterState.done = true, () => {});
@@ -295,7 +296,7 @@ describe("postgres backend", { skip: !hasServer }, () => {
       assert.equal(terminated, "t");
       const lock = await waiting;
       assert.ok(lock.fence > BigInt(got.fence as string));
-      process.kill(holder.pid, "SIGCONT");
+      holder.signal("SIGCONT");
       const lost = await holder.expect("lost");
       assert.equal(lost.name, "LockLostError");
       assert.match(String(lost.message), /database session holding the lock/);
@@ -307,9 +308,7 @@ describe("postgres backend", { skip: !hasServer }, () => {
       assert.equal(await lock.isOwned(), true);
       await lock.release();
     } finally {
-      try {
-        process.kill(holder.pid, "SIGCONT");
-      } catch { /* gone */ }
+      holder.signal("SIGCONT");
       await holder.kill();
     }
   });
