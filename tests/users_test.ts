@@ -135,7 +135,7 @@ describe("real users, real permissions", () => {
       await fn(t);
     });
 
-  it("another user's stale lock in a sticky directory: LockPermissionError at once, saying who owns it and that the directory is sticky; the file is untouched", async () => {
+  it("another user's stale lock in a sticky directory: LockPermissionError without waiting out its timeout, saying who owns it and that the directory is sticky; the file is untouched", async () => {
     const dir = dirOf("sticky", 0, 0o1777);
     const path = join(dir, "run.lock");
     const deadPid = await staleOf(A, path);
