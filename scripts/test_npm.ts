@@ -265,7 +265,7 @@ if (!process.env.RUNLOCK_SKIP_BUN) {
         run(bun, [
           "test",
           "--timeout",
-          "60000",
+          "300000", // a hang detector: a loaded machine is slow, not wrong
           ...testFiles(`tests-${entry}`, "bun").map((f) => `./${f}`),
         ], {
           cwd: scratch,

@@ -86,6 +86,9 @@ export interface Event {
 }
 
 /** A running fixture with a queue of the JSON events it prints. */
+/** How long a child may go without an event before the test calls it hung. */
+const HANG_MS = 180_000;
+
 export class Child {
   readonly proc: ChildProcess;
   readonly stderr: string[] = [];
@@ -138,7 +141,12 @@ export class Child {
     return this.proc.pid!;
   }
 
-  /** The next event; rejects if the child exits first or after 20 s. */
+  /**
+   * The next event; rejects if the child exits first. The timer only
+   * detects a hang: what a child does before its next event (thousands of
+   * locks, a server start) can take tens of seconds on a loaded machine,
+   * so it is no measure of speed.
+   */
   next(): Promise<Event> {
     const queued = this.#events.shift();
     if (queued) return Promise.resolve(queued);
@@ -149,8 +157,15 @@ export class Child {
     }
     return new Promise((resolve, reject) => {
       const timer = setTimeout(
-        () => reject(new Error(`no event in 20 s: ${this.stderr.join("")}`)),
-        20_000,
+        () =>
+          reject(
+            new Error(
+              `no event in ${HANG_MS / 1000} s (a hang?): ${
+                this.stderr.join("")
+              }`,
+            ),
+          ),
+        HANG_MS,
       );
       this.#waiters.push((e) => {
         clearTimeout(timer);
