@@ -8,6 +8,7 @@ import {
   mkdirSync,
   readdirSync,
   readFileSync,
+  realpathSync,
   renameSync,
   statSync,
   unlinkSync,
@@ -1079,6 +1080,82 @@ describe("runlock run: a lock lost while the command runs", () => {
       cleanup();
     }
   });
+});
+
+const hasStrace = spawnSync("sh", ["-c", "command -v strace"]).status === 0;
+
+describe("runlock run: a replacement that lands while run looks at its lock", () => {
+  test(
+    "--on-lost=term: the lock file replaced while run's read of the lock's path waits (strace holds it) is reported as replaced, never as its directory moved away",
+    { skip: hasStrace ? false : "needs strace(1)" },
+    async () => {
+      // A descriptor-pinned lock (Node, Bun) reads its file twice when it
+      // checks: through the pinned directory and by the path as named. A
+      // rename landing between the two reads used to say "moved away from
+      // its path" (seen under load). strace delays each read of the path as
+      // named (-P: that path only, whatever its position among the calls)
+      // until the test has renamed: the order of the two reads decides the
+      // message. (Deno pins by the canonical path, this same path: its one
+      // read is the one held.)
+      const { dir, cleanup } = tempDir();
+      const real = realpathSync(dir);
+      const path = join(real, "run.lock");
+      const done = join(real, "done");
+      const log = join(real, "strace.log");
+      const other = join(real, "other.lock");
+      const successor = await holder(other);
+      const script =
+        'trap "echo got TERM; exit 9" TERM; echo ready; while [ ! -e "$1" ]; do sleep 0.05; done';
+      const stats = "statx,newfstatat,lstat,stat";
+      const wrapper = new Background([
+        "strace",
+        "-f",
+        "-qq",
+        "-o",
+        log,
+        "-P",
+        path,
+        "-e",
+        `trace=${stats}`,
+        "-e",
+        `inject=${stats}:delay_enter=3000000`,
+        ...cliCommand(),
+        "run",
+        "--on-lost=term",
+        path,
+        "--",
+        "sh",
+        "-c",
+        script,
+        "sh",
+        done,
+      ]);
+      try {
+        await wrapper.line(/^ready$/);
+        // strace writes a call's start when it enters it: the last line,
+        // unfinished, is the read of the path held now.
+        await until(() => {
+          const last = readFileSync(log, "utf8").split("\n").filter(Boolean)
+            .at(-1) ?? "";
+          return last.includes(`"${path}"`) && !last.includes(" = ");
+        });
+        renameSync(other, path);
+        await wrapper.line(/^got TERM$/);
+        assert.equal((await wrapper.exited).code, 9, wrapper.stderr());
+        assert.match(
+          wrapper.stderr().split("\n")[0],
+          new RegExp(
+            `^runlock: lost the lock while the command runs: ${path}: the lock file was replaced by another file[ (]`,
+          ),
+        );
+      } finally {
+        writeFileSync(done, "");
+        await wrapper.kill();
+        await successor.kill();
+        cleanup();
+      }
+    },
+  );
 });
 
 describe("runlock wait", () => {
