@@ -70,6 +70,15 @@ export interface SoakReport {
   lossesCascade: number;
   /** Losses reported with no deletion during the session: must be 0. */
   lossesWithoutDeletion: number;
+  /**
+   * Deletions of a holder's file that its holder never reported and that no
+   * SIGKILL explains: each is the documented window (the holder was paused
+   * between its release's lstat and unlink, so its release removed its
+   * successor's file instead), whose successor reports a cascade loss.
+   */
+  deletionsSilent: number;
+  /** Deletions of a holder's file whose holder was SIGKILLed before it reported. */
+  deletionsOfKilled: number;
   errors: number;
   errorSamples: string[];
   worstWaitMs: number;
@@ -519,6 +528,20 @@ export function analyse(
       }
     }
   }
+  // Deletions their holder did not report (a holder SIGKILLed before it
+  // could report aside): each must be a cascade's cause.
+  let deletionsSilent = 0;
+  let deletionsOfKilled = 0;
+  for (const [key, left] of deletions) {
+    if (killed.has(Number(key.split(" ")[1]))) deletionsOfKilled += left;
+    else deletionsSilent += left;
+  }
+  if (deletionsSilent > cascadeLosses) {
+    violations.push(
+      `${deletionsSilent} deletions their holders never reported, but only ` +
+        `${cascadeLosses} cascade losses reported by successors`,
+    );
+  }
   if (errors > 0) violations.push(`${errors} worker errors`);
   if (overlapsUnexplained > 5) {
     violations.push(`${overlapsUnexplained} unexplained overlaps in all`);
@@ -543,6 +566,8 @@ export function analyse(
     lossesBySignal,
     lossesCascade: cascadeLosses,
     lossesWithoutDeletion,
+    deletionsSilent,
+    deletionsOfKilled,
     errors,
     errorSamples,
     worstWaitMs: Math.round(worstWaitMs),
@@ -563,7 +588,7 @@ export function summary(r: SoakReport): string {
     `  acquisitions: ${r.acquisitions} (${by})`,
     `  kills: ${r.kills} (${r.killsInside} inside the critical section), stops: ${r.stops}, deletions of a held lock's file: ${r.deletions}`,
     `  overlaps (an entry while another worker was still inside): ${r.overlaps}; after a deletion, reported as lost: ${r.overlapsReported}; holder SIGKILLed before it could report: ${r.overlapsHolderKilled}; unexplained: ${r.overlapsUnexplained}`,
-    `  losses reported: ${r.lossesReported} (${r.lossesBySignal} by lock.signal before release; ${r.lossesCascade} cascade: a deleted holder's late release unlinked its successor's file), ${r.lossesWithoutDeletion} without a deletion`,
+    `  losses reported: ${r.lossesReported} (${r.lossesBySignal} by lock.signal before release; ${r.lossesCascade} cascade: a deleted holder's late release unlinked its successor's file), ${r.lossesWithoutDeletion} without a deletion; ${r.deletionsSilent} deletions reported only by a successor (the release window)`,
     `  errors: ${r.errors}${
       r.errorSamples.length ? ` e.g. ${r.errorSamples[0]}` : ""
     }`,
