@@ -252,10 +252,14 @@ export function delay(ms: number): Promise<void> {
   return new Promise((resolve) => setTimeout(resolve, ms));
 }
 
-/** A PID that no process has: the child of a finished `true`. */
+/**
+ * A PID no process can have: above Linux's PID_MAX_LIMIT (2^22, the most
+ * `kernel.pid_max` can be), yet a valid PID for a record (1 to 2^31-1).
+ * (The PID of a process that has exited would do only until PIDs wrap,
+ * which on a busy machine is minutes.)
+ */
 export function deadPid(): number {
-  const result = spawnSync("true");
-  return result.pid!;
+  return 2 ** 22 + 1 + Math.floor(Math.random() * 2 ** 20);
 }
 
 /**

@@ -16,6 +16,7 @@ import { acquire, acquireSync, inspect } from "../mod.ts";
 import {
   Child,
   countingTimers,
+  deadPid,
   fixtureCommand,
   runtime,
   tempDir,
@@ -28,7 +29,7 @@ import {
  */
 async function takeoverSleeps(dir: string): Promise<number[]> {
   const path = join(dir, "takeover.lock");
-  writeFileSync(path, `${spawnSync("true").pid}\nrunlock 1\n`);
+  writeFileSync(path, `${deadPid()}\nrunlock 1\n`);
   const tool = new Child("", [], undefined, [
     "flock",
     "-x",
