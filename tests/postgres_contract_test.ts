@@ -11,9 +11,9 @@ import * as files from "../mod.ts";
 import { HeldError, type PgLocks, pgLocks } from "../src/postgres/mod.ts";
 import { Child, tempDir, waitFor } from "./_helpers.ts";
 import {
+  advisoryWaiters,
   type Cluster,
   findPgBin,
-  psql,
   startCluster,
 } from "./fixtures/pg_cluster.ts";
 
@@ -50,8 +50,8 @@ interface Backend {
   activePid(name: string): Promise<{ pid: number; alive: boolean }>;
   /** A child process of this runtime that takes the lock: "hold" or "try". */
   child(mode: "hold" | "try", name: string, timeout?: number): Child;
-  /** Resolves once an acquire this process began is waiting for the lock. */
-  waiting(): Promise<void>;
+  /** Resolves once an acquire this process began is waiting for `name`. */
+  waiting(name: string): Promise<void>;
 }
 
 function fileBackend(): Backend {
@@ -111,15 +111,11 @@ function pgBackend(): Backend {
         name,
         ...(timeout ? [String(timeout)] : []),
       ]),
-    // The server shows the wait: a session blocked in pg_advisory_lock.
-    waiting: () =>
+    // The server shows the wait: a session waiting for this name's key.
+    waiting: (name) =>
       waitFor(
-        () =>
-          psql(
-            cluster.url,
-            `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%pg_advisory_lock(%'`,
-          ) !== "0",
-        "a session waiting in pg_advisory_lock",
+        () => advisoryWaiters(cluster.url, name) > 0,
+        `a session waiting for the lock of ${name}`,
       ),
   };
 }
@@ -231,7 +227,7 @@ for (const backend of [fileBackend(), pgBackend()]) {
         assert.ok(err instanceof HeldError, String(err));
         assert.ok(performance.now() - t0 >= 190);
         const waiting = backend.acquire(name, { timeout: 60_000 });
-        await backend.waiting();
+        await backend.waiting(name);
         holder.send("release");
         await holder.expect("released");
         await using lock = await waiting;
@@ -252,7 +248,7 @@ for (const backend of [fileBackend(), pgBackend()]) {
           timeout: Infinity,
           signal: controller.signal,
         });
-        await backend.waiting();
+        await backend.waiting(name);
         controller.abort(reason);
         await assert.rejects(waiting, (e) => e === reason);
         await assert.rejects(
