@@ -16,7 +16,11 @@ const CONTENDERS = 6;
 async function race(
   design: "runlock" | "naive",
   rounds: number,
-  check: (winners: number, reports: Record<string, unknown>[]) => void,
+  check: (
+    winners: number,
+    reports: Record<string, unknown>[],
+    dead: number,
+  ) => void,
 ): Promise<number[]> {
   const { dir, cleanup } = tempDir();
   const path = join(dir, "run.lock");
@@ -43,7 +47,7 @@ async function race(
       const reports = await Promise.all(children.map((c) => c.next()));
       const winners = reports.filter((r) => r.event === "won");
       counts.push(winners.length);
-      check(winners.length, reports);
+      check(winners.length, reports, dead);
       for (const c of children) {
         if (reports[children.indexOf(c)].event === "won") {
           c.send("release");
@@ -61,13 +65,22 @@ async function race(
 describe("stale takeover races", () => {
   test("many processes released at once at one stale file: exactly one winner each round", async () => {
     const rounds = Number(process.env.RUNLOCK_RACE_ROUNDS ?? 25);
-    await race("runlock", rounds, (winners, reports) => {
+    await race("runlock", rounds, (winners, reports, dead) => {
       assert.equal(winners, 1, JSON.stringify(reports));
       const winner = reports.find((r) => r.event === "won")!.pid;
       for (const r of reports) {
         assert.ok(r.event === "won" || r.event === "lost", JSON.stringify(r));
         if (r.event === "lost") {
-          assert.equal(r.holder, winner, "losers name the winner");
+          // The winner, or, when the winner was still inside its takeover
+          // after the probe's last look (a loaded machine can pause it
+          // longer than those 0..128 ms), the crashed run the file still
+          // named, under the winner's flock. Never anyone else.
+          assert.ok(
+            r.holder === winner || r.holder === dead,
+            `losers name the winner (${winner}) or the crashed run being taken over (${dead}): ${
+              JSON.stringify(reports)
+            }`,
+          );
         }
       }
     });
