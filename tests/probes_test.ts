@@ -1,6 +1,6 @@
 // Probes are read-only and never mistake each other for a holder.
 import assert from "node:assert/strict";
-import { readFileSync, writeFileSync } from "node:fs";
+import { readFileSync, unlinkSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { describe, test } from "node:test";
 import { acquire, activePid, ContendedError, held, inspect } from "../mod.ts";
@@ -94,17 +94,20 @@ describe("probes", () => {
       const path = join(dir, "run.lock");
       const dead = deadPid();
       writeFileSync(path, `${dead}\nrunlock 1\n`);
-      // flock(1) stands for a taker: LOCK_EX on the crashed run's file for a
-      // moment, then the file is gone (a real taker unlinks it and links its
-      // own; here nobody follows, so the answer is "free"). It removes the
-      // file once the probes have begun (a line on its stdin).
+      // flock(1) stands for a taker: LOCK_EX on the crashed run's file, then
+      // the file is gone (a real taker unlinks it and links its own; here
+      // nobody follows, so the answer is "free"). Each probe makes its first
+      // look before it returns its promise (and sees the dead PID under the
+      // flock); the file is removed right after, in this same synchronous
+      // stretch, so their next look comes after the removal however slow
+      // the machine is.
       const taker = new Child("", [], undefined, [
         "flock",
         "-x",
         path,
         "sh",
         "-c",
-        `echo locked; read _; rm -f '${path}'`,
+        `echo locked; read _`,
       ]);
       assert.equal((await taker.next()).text, "locked");
       const probes = Promise.all([
@@ -112,6 +115,7 @@ describe("probes", () => {
         held(path),
         activePid(path),
       ]);
+      unlinkSync(path);
       taker.send("go");
       const [info, isHeld, active] = await probes;
       assert.equal(info.state, "free", JSON.stringify(info));
