@@ -20,7 +20,8 @@ import { dirname, join } from "node:path";
 import process from "node:process";
 import { describe, test } from "node:test";
 import { commandLines, readmeBlock, root } from "./_readme.ts";
-import { delay, holder, runtime, waitFor } from "./_helpers.ts";
+import { holder, runtime, waitFor } from "./_helpers.ts";
+import { Reads } from "./_cli.ts";
 
 declare const Deno: { execPath(): string };
 
@@ -93,11 +94,21 @@ describe("the README, as written", { skip: runtime !== "deno" }, () => {
         "--allow-sys=hostname recorded the host",
       );
 
+      // `wait` has begun waiting once it has read the held lock file (the
+      // holder never reads its own).
+      const reads = await Reads.watch(
+        join(dir, ".state", "run.lock"),
+        join(dir, "mark"),
+      );
       const waiting = spawn("sh", ["-c", wait], { cwd: dir, env: env() });
       const waited = new Promise<number | null>((resolve) =>
         waiting.on("close", (code) => resolve(code))
       );
-      await delay(300);
+      try {
+        await reads.reads(1);
+      } finally {
+        await reads.stop();
+      }
       writeFileSync(join(dir, "done"), "");
       assert.equal(await exited, 0, err);
       assert.equal(await waited, 0);
