@@ -12,6 +12,14 @@ import { Child, deadPid, tempDir } from "./_helpers.ts";
 
 const CONTENDERS = 6;
 
+/**
+ * The least time acquire backs off before it answers HeldError naming a
+ * dead PID under a held flock: half of each attempt's back-off (50 us
+ * doubling to 8 ms, times 0.5..1) over its 16 attempts: 38.4 ms (35 leaves
+ * room for a sleep's rounding).
+ */
+const MIN_BACKOFF_MS = 35;
+
 /** Runs `rounds` rounds; returns the number of winners in each. */
 async function race(
   design: "runlock" | "naive",
@@ -72,15 +80,23 @@ describe("stale takeover races", () => {
         assert.ok(r.event === "won" || r.event === "lost", JSON.stringify(r));
         if (r.event === "lost") {
           // The winner, or, when the winner was still inside its takeover
-          // after the probe's last look (a loaded machine can pause it
-          // longer than those 0..128 ms), the crashed run the file still
-          // named, under the winner's flock. Never anyone else.
+          // after the loser's last look (a loaded machine can pause it
+          // that long), the crashed run the file still named, under the
+          // winner's flock. Never anyone else; and the crashed run only
+          // after backing off through every attempt, never at once: the
+          // back-offs of acquire's attempts add up to at least 38 ms.
           assert.ok(
             r.holder === winner || r.holder === dead,
             `losers name the winner (${winner}) or the crashed run being taken over (${dead}): ${
               JSON.stringify(reports)
             }`,
           );
+          if (r.holder === dead) {
+            assert.ok(
+              (r.ms as number) >= MIN_BACKOFF_MS,
+              `a loser named the crashed run after ${r.ms} ms, without looking again`,
+            );
+          }
         }
       }
     });
