@@ -109,6 +109,12 @@ describe("the README, as written", { skip: runtime !== "deno" }, () => {
       } finally {
         await reads.stop();
       }
+      // It read the held lock and is still there: it waits.
+      assert.equal(
+        waiting.exitCode,
+        null,
+        "wait returned while the lock was held",
+      );
       writeFileSync(join(dir, "done"), "");
       assert.equal(await exited, 0, err);
       assert.equal(await waited, 0);
