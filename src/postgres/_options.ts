@@ -1,0 +1,278 @@
+// What the caller passes to pgLocks: options with their defaults, lock
+// names, timeouts and the URL, checked before anything touches the
+// database; and the messages that name the server (never the password).
+import { hostname } from "node:os";
+import process from "node:process";
+import { RunlockError } from "../errors.ts";
+import { granted } from "./_deno.ts";
+import { describe, isSessionError } from "./_session.ts";
+import type { PgLocksOptions } from "./types.ts";
+
+/** Every option of pgLocks, with its default. */
+export const DEFAULTS = {
+  schema: "public",
+  keepalivesIdle: 10,
+  keepalivesInterval: 3,
+  keepalivesCount: 3,
+  tcpUserTimeout: 15_000,
+  heartbeatInterval: 2_000,
+  heartbeatTimeout: 5_000,
+  connectTimeout: 10_000,
+  maxIdleSessions: 2,
+};
+
+/** The heartbeat's deadline gets one more event-loop turn (see Session). */
+export const HEARTBEAT_GRACE_MS = 25;
+
+/** The runtime this copy runs on, as the record names it. */
+export const runtime: string = "Deno" in globalThis
+  ? "deno"
+  : "Bun" in globalThis
+  ? "bun"
+  : "node";
+
+let cachedHost: string | undefined;
+/** This host's name, or "" when Deno may not read it. */
+export function hostName(): string {
+  if (cachedHost === undefined) {
+    try {
+      // Deno without --allow-sys=hostname records no host (no prompt).
+      cachedHost = granted({ name: "sys", kind: "hostname" }) ? hostname() : "";
+    } catch {
+      cachedHost = "";
+    }
+  }
+  return cachedHost;
+}
+
+/** What the caller's URL says, for messages (never the password). */
+export interface Target {
+  /** `host:port, database "db", user "u"`. */
+  text: string;
+  /** `host:port/database`: which locks a name means. */
+  where: string;
+  host: string;
+  port: string;
+  password: string;
+}
+
+/** Checks and reads the caller's URL. */
+export function parseUrl(url: unknown): Target {
+  let u: URL;
+  try {
+    if (typeof url !== "string") throw new TypeError("not a string");
+    u = new URL(url);
+  } catch {
+    throw new TypeError(
+      `Cannot create pgLocks as 'url' must be a postgres:// URL: current value is ${
+        typeof url === "string" ? JSON.stringify(redact(url)) : String(url)
+      }`,
+    );
+  }
+  if (u.protocol !== "postgres:" && u.protocol !== "postgresql:") {
+    throw new TypeError(
+      `Cannot create pgLocks as 'url' must start with postgres:// or postgresql://: current value is ${
+        JSON.stringify(redact(url as string))
+      }`,
+    );
+  }
+  // A bad percent-escape (a literal `%` in a password) is the caller's
+  // input: a TypeError now, naming the part, never the password itself.
+  const decode = (part: string, what: string): string => {
+    try {
+      return decodeURIComponent(part);
+    } catch {
+      throw new TypeError(
+        `Cannot create pgLocks as the ${what} in 'url' has a bad percent-escape (write a literal % as %25): current value is ${
+          JSON.stringify(redact(url as string))
+        }`,
+      );
+    }
+  };
+  const password = decode(u.password, "password");
+  const host = u.searchParams.get("host") ?? (u.hostname || "localhost");
+  const port = u.searchParams.get("port") ?? (u.port || "5432");
+  const env = granted({ name: "env" })
+    ? process.env
+    : {} as Record<string, string | undefined>;
+  const user = decode(u.username, "user name") || env.PGUSER || env.USER ||
+    "";
+  const database = decode(u.pathname.replace(/^\//, ""), "database name") ||
+    user;
+  return {
+    text: `${host}:${port}, database ${JSON.stringify(database)}, user ${
+      JSON.stringify(user)
+    }`,
+    where: `${host}:${port}/${database}`,
+    host,
+    port,
+    password,
+  };
+}
+
+/** The URL with its password replaced by `***`, for messages. */
+export function redact(url: string): string {
+  return url.replace(/^([a-z]+:\/\/[^:@/]*:)[^@/]*@/i, "$1***@");
+}
+
+/** A valid lock name, or a TypeError naming the action. */
+export function checkName(name: unknown, action: string): string {
+  if (
+    typeof name !== "string" || name === "" || name.length > 1024 ||
+    name.includes("\0")
+  ) {
+    throw new TypeError(
+      `Cannot ${action} as 'name' must be a string of 1 to 1024 characters without NUL: current value is ${
+        typeof name === "string" && name.length > 80
+          ? `a string of ${name.length} characters`
+          : JSON.stringify(name)
+      }`,
+    );
+  }
+  return name;
+}
+
+/** A valid timeout in ms, or a RangeError. */
+export function checkTimeout(timeout: unknown): number {
+  const value = timeout ?? 0;
+  if (typeof value !== "number" || Number.isNaN(value) || value < 0) {
+    throw new RangeError(
+      `Cannot acquire the lock as 'timeout' must be a non-negative number of milliseconds: current value is ${
+        String(value)
+      }`,
+    );
+  }
+  return value;
+}
+
+/** The options with defaults filled in, or a TypeError/RangeError. */
+export function checkOptions(
+  options: PgLocksOptions | undefined,
+): Options {
+  const o = { ...DEFAULTS };
+  for (const [k, v] of Object.entries(options ?? {})) {
+    if (v === undefined) continue;
+    if (!(k in DEFAULTS)) {
+      throw new TypeError(`Cannot create pgLocks: unknown option '${k}'`);
+    }
+    (o as Record<string, unknown>)[k] = v;
+  }
+  if (
+    typeof o.schema !== "string" || o.schema === "" ||
+    o.schema.length > 63 || o.schema.includes("\0")
+  ) {
+    throw new TypeError(
+      `Cannot create pgLocks as 'schema' must be a name of 1 to 63 characters: current value is ${
+        JSON.stringify(o.schema)
+      }`,
+    );
+  }
+  for (
+    const k of [
+      "keepalivesIdle",
+      "keepalivesInterval",
+      "keepalivesCount",
+      "tcpUserTimeout",
+      "heartbeatInterval",
+      "heartbeatTimeout",
+      "connectTimeout",
+    ] as const
+  ) {
+    const v = o[k];
+    if (!Number.isInteger(v) || v < 1 || v > 2_147_483_647) {
+      throw new RangeError(
+        `Cannot create pgLocks as '${k}' must be a positive integer: current value is ${
+          String(v)
+        }`,
+      );
+    }
+  }
+  if (!Number.isInteger(o.maxIdleSessions) || o.maxIdleSessions < 0) {
+    throw new RangeError(
+      `Cannot create pgLocks as 'maxIdleSessions' must be a non-negative integer: current value is ${
+        String(o.maxIdleSessions)
+      }`,
+    );
+  }
+  // The client must notice a broken path before the server can: the
+  // server drops a silent client no earlier than keepalivesIdle after the
+  // last packet (nothing is probed before), or tcpUserTimeout after data
+  // it sent went unacknowledged; we notice within interval + timeout
+  // (+ one event-loop turn) of the last answer.
+  const serverEarliest = Math.min(o.keepalivesIdle * 1000, o.tcpUserTimeout);
+  const ours = o.heartbeatInterval + o.heartbeatTimeout + HEARTBEAT_GRACE_MS;
+  if (ours >= serverEarliest) {
+    throw new RangeError(
+      `Cannot create pgLocks as 'heartbeatInterval' + 'heartbeatTimeout' (${
+        o.heartbeatInterval + o.heartbeatTimeout
+      } ms) must be less than the server's earliest detection of a dead client, ` +
+        `min('keepalivesIdle', 'tcpUserTimeout') = ${serverEarliest} ms: ` +
+        `otherwise lock.signal could abort after another process took the lock`,
+    );
+  }
+  return o;
+}
+
+/** The options of one pgLocks object, defaults filled in. */
+export type Options = typeof DEFAULTS;
+
+/** Replaces the URL's password in `text` with `***`. */
+export function scrub(target: Target, text: string): string {
+  const pw = target.password;
+  return pw.length >= 3 ? text.replaceAll(pw, "***") : text;
+}
+
+/** A RunlockError for a statement the server refused. */
+export function refused(
+  target: Target,
+  name: string,
+  action: string,
+  err: unknown,
+): RunlockError {
+  if (err instanceof RunlockError) return err;
+  const how = isSessionError(err)
+    ? "lost the connection to"
+    : "got an error from";
+  return new RunlockError(
+    name,
+    scrub(
+      target,
+      `${name}: cannot ${action}: ${how} PostgreSQL at ${target.text}: ${
+        describe(err)
+      }`,
+    ),
+    { cause: err },
+  );
+}
+
+/** A RunlockError for a connection that failed, saying why in words. */
+export function connectError(
+  target: Target,
+  options: Options,
+  name: string,
+  err: unknown,
+): RunlockError {
+  const code = (err as { code?: unknown } | null)?.code;
+  const message = describe(err);
+  const reason = code === "ECONNREFUSED"
+    ? "connection refused (is the server running, and listening there?)"
+    : code === "ENOTFOUND" || code === "EAI_AGAIN"
+    ? "the host name does not resolve"
+    : /timeout/i.test(message)
+    ? `no answer within ${options.connectTimeout} ms`
+    : code === "28P01"
+    ? "password authentication failed (check the password in the URL)"
+    : /unrecognized configuration parameter "idle_session_timeout"/.test(
+        message,
+      )
+    ? "the server is older than PostgreSQL 14, which runlock needs"
+    : message;
+  return new RunlockError(
+    name,
+    scrub(
+      target,
+      `${name}: cannot connect to PostgreSQL at ${target.text}: ${reason}`,
+    ),
+    { cause: err },
+  );
+}
