@@ -101,8 +101,10 @@ export interface Probe {
   far: boolean;
   /**
    * `held`, but by a PID that is provably dead: a peer in the microseconds
-   * of a takeover (or a tool such as flock(1) on a crashed run's file).
-   * Callers look again before answering.
+   * of a takeover (or a tool such as flock(1) on a crashed run's file); or
+   * a garbage file under a flock, which may be a lock taken only to read it
+   * that lives on in a child forked meanwhile, until its exec (or flock(1)
+   * holding a file it wrote). Callers look again before answering.
    */
   racing: boolean;
 }
@@ -681,7 +683,14 @@ function contend(target: Target): Verdict {
     // nothing of a PID that lives on another host or in another namespace
     // (a container sharing the volume): that one may be a live holder or a
     // crashed one being taken over, so look again too, as briefly.
-    const sure = pid === 0 || (!far && liveness(pid) !== "dead");
+    // Garbage under a held flock: a tool such as flock(1) holding a file it
+    // wrote, or a lock that lives on only for a moment after its holder
+    // closed it. A child forked at that moment (by any thread of the
+    // process that read the file, ourselves included) holds the same open
+    // file, and so the flock, until it calls exec. Look again, as for a
+    // takeover, before calling it held.
+    const sure = record.kind !== "garbage" &&
+      (pid === 0 || (!far && liveness(pid) !== "dead"));
     return { kind: "held", held: { pid, host, started }, sure };
   } catch (err) {
     // A failed fstat, flock, read or lstat of the file we found: a typed
@@ -861,6 +870,9 @@ export function probe(
       result.pid = parsePid(
         decoder.decode(head.subarray(0, head.indexOf(10) >>> 0)),
       );
+      // No PID in a file that is not empty: garbage under the flock (see
+      // the next case).
+      result.racing = result.pid === 0 && head.length > 0;
       if (
         result.pid > 0 && headHasMarker(head) &&
         liveness(result.pid) === "dead"
@@ -905,7 +917,11 @@ export function probe(
         return result;
       case "garbage":
         if (locked) {
-          result.state = "held"; // flock(1) or similar holds it
+          // flock(1) or similar holds it, or a lock taken only to read the
+          // file lives on for a moment in a child forked meanwhile (until
+          // its exec): look again, as during a takeover.
+          result.state = "held";
+          result.racing = true;
         } else {
           result.state = "invalid";
           result.reason = record.reason;

@@ -1,7 +1,7 @@
 // Bad lock files get a typed error naming the file, and are left exactly as
 // they were: no write, no unlink, no rename, symlinks never followed.
 import assert from "node:assert/strict";
-import { spawnSync } from "node:child_process";
+import { spawn, spawnSync } from "node:child_process";
 import {
   existsSync,
   lstatSync,
@@ -95,6 +95,52 @@ describe("bad lock files", () => {
       writeFileSync(join(path, "inside"), "x");
       await assertRefused(path, /is a directory/);
     } finally {
+      cleanup();
+    }
+  });
+
+  test("a garbage file whose flock outlives its reader for a moment (a child forked meanwhile holds it until its exec) reads invalid once it is let go, not held", async () => {
+    // Any thread that forks while runlock has the file open and locked to
+    // read it (another test module of this very process, in a parallel
+    // run) keeps that lock alive in the child until it calls exec. Here a
+    // flock(1) that lets go as soon as the file `go` appears plays that
+    // child, deterministically: the first look of each call happens under
+    // the flock; the event loop stays blocked until the flock is gone, so
+    // every later look happens after it.
+    const { dir, cleanup } = tempDir();
+    const path = join(dir, "run.lock");
+    const go = join(dir, "go");
+    writeFileSync(path, "not a pid\n");
+    const before = snapshot(path);
+    const holder = spawn("flock", [
+      "--exclusive",
+      path,
+      "sh",
+      "-c",
+      'while [ ! -e "$0" ]; do sleep 0.01; done',
+      go,
+    ], { stdio: "ignore" });
+    const isFree = () =>
+      spawnSync("flock", ["--nonblock", "--shared", path, "true"]).status ===
+        0;
+    try {
+      while (isFree()) spawnSync("sleep", ["0.01"]); // until flock(1) holds it
+      const looking = inspect(path);
+      const taking = acquire(path);
+      const asking = held(path);
+      writeFileSync(go, "");
+      while (!isFree()) spawnSync("sleep", ["0.01"]); // until it let go
+      const info = await looking;
+      assert.equal(info.state, "invalid", JSON.stringify(info));
+      await assert.rejects(taking, InvalidLockFileError);
+      await assert.rejects(asking, InvalidLockFileError);
+      assert.equal(
+        snapshot(path),
+        before,
+        "the file is left exactly as it was",
+      );
+    } finally {
+      holder.kill("SIGKILL");
       cleanup();
     }
   });
