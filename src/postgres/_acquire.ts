@@ -25,6 +25,8 @@ export interface AcquireHost {
   readonly statementTimeout: number;
   /** The heartbeat's timeout (ms): how late a slice's answer may be. */
   readonly heartbeatTimeout: number;
+  /** The schema of the table: part of each name's advisory key. */
+  readonly schema: string;
   /** The registry key of `name` (see heldByThisProcess). */
   here(name: string): string;
   /** A released session of this object, or a new one. */
@@ -72,7 +74,7 @@ export async function acquire(
     });
   }
   const deadline = performance.now() + timeout;
-  const key = keyOf(name);
+  const key = keyOf(name, host.schema);
   const tag = lockTagOf(key);
   const params = [
     name,

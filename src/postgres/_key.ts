@@ -2,33 +2,60 @@
 import { createHash } from "node:crypto";
 
 /**
- * The 64-bit advisory key of a lock name: the first 8 bytes of
- * SHA-256("runlock\0" + name), as a signed bigint (pg_advisory_lock takes a
- * bigint). The prefix is runlock's namespace: other applications that hash
- * their own names into the same bigint key space are unlikely to land on
- * ours, and two runlock names that collide are detected (the table's
- * UNIQUE key), never silently share a lock.
+ * The 64-bit advisory key of a lock name in a schema, as a signed bigint
+ * (pg_advisory_lock takes a bigint): the first 8 bytes of
+ *
+ * - SHA-256("runlock\0" + name) in schema `public` (the default), and
+ * - SHA-256("runlock\0" + schema + "\0" + name) in any other schema.
+ *
+ * Advisory locks are per database, not per schema: with the name alone,
+ * `sync/main` in schema `staging` and `sync/main` in schema `prod` were one
+ * advisory lock with two records, so each schema's holder read the other's
+ * as a foreign session and waited on it (issue 16, case 3). Hashing the
+ * schema in makes each schema its own namespace of names. `public` keeps
+ * the key older versions used for every schema, so that during a rolling
+ * upgrade an older holder on `public` (the default, by far the most used)
+ * and a newer one still exclude each other; in other schemas the key
+ * changed, so older holders of such a schema must be stopped before this
+ * version takes its locks (they would not exclude each other). Neither a
+ * name nor a schema contains NUL, so the two forms never produce the same
+ * input.
+ *
+ * The prefix is runlock's namespace: other applications that hash their
+ * own names into the same bigint key space are unlikely to land on ours,
+ * and two runlock names that collide are detected (the table's UNIQUE
+ * key), never silently share a lock.
+ *
+ * @param name The lock name.
+ * @param schema The schema of the pgLocks object (its `schema` option).
+ * @returns The advisory key.
  */
-export function keyOf(name: string): bigint {
-  let key = cache.get(name);
+export function keyOf(name: string, schema: string): bigint {
+  const input = schema === "public"
+    ? `runlock\0${name}`
+    : `runlock\0${schema}\0${name}`;
+  let key = cache.get(input);
   if (key === undefined) {
-    key = hash(name);
+    key = hash(input);
     if (cache.size >= 256) cache.clear(); // bounded; names repeat in practice
-    cache.set(name, key);
+    cache.set(input, key);
   }
   return key;
 }
 
 const cache = new Map<string, bigint>();
 
-function hash(name: string): bigint {
-  const digest = createHash("sha256").update(`runlock\0${name}`).digest();
+function hash(input: string): bigint {
+  const digest = createHash("sha256").update(input).digest();
   return new DataView(digest.buffer, digest.byteOffset, 8).getBigInt64(0);
 }
 
 /**
  * How pg_locks shows a bigint advisory key: the high half in `classid`, the
  * low half in `objid` (both unsigned 32-bit oids), `objsubid` 1.
+ *
+ * @param key The advisory key.
+ * @returns The key's two halves, as decimal strings.
  */
 export function lockTagOf(key: bigint): { classid: string; objid: string } {
   const unsigned = BigInt.asUintN(64, key);

@@ -107,6 +107,11 @@ class PgLocksImpl implements PgLocks, AcquireHost, LockOwner {
     );
   }
 
+  /** The schema of the table: part of each name's advisory key. */
+  get schema(): string {
+    return this.#schema;
+  }
+
   here(name: string): string {
     return hereKey(this.#target.where, this.#schema, name);
   }
@@ -243,7 +248,7 @@ class PgLocksImpl implements PgLocks, AcquireHost, LockOwner {
 
   async #inspect(name: string): Promise<Found> {
     checkName(name, "inspect the lock");
-    const key = keyOf(name);
+    const key = keyOf(name, this.#schema);
     for (let attempt = 0;; attempt++) {
       const session = await this.#probeSession(name);
       try {
@@ -291,7 +296,11 @@ class PgLocksImpl implements PgLocks, AcquireHost, LockOwner {
   async #checked(name: string): Promise<PgInspection> {
     const { info, other } = await this.#inspect(name);
     if (info.state === "invalid") {
-      throw new KeyCollisionError(name, other ?? "(unknown)", keyOf(name));
+      throw new KeyCollisionError(
+        name,
+        other ?? "(unknown)",
+        keyOf(name, this.#schema),
+      );
     }
     return info;
   }
