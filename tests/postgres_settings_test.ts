@@ -1,0 +1,480 @@
+// The PostgreSQL backend on servers, roles and databases with ordinary,
+// non-default settings (issue 16, cases 1, 2, 9 and 10): every role here is
+// configured with ALTER ROLE ... SET or ALTER DATABASE ... SET, as a DBA
+// would, and runlock must keep its promises on each: at most one holder, a
+// fence that grows across crashes, dates that are Dates, and errors that
+// say what to do. One throwaway cluster of this file's own (it restarts it,
+// crashes it and turns it into a standby); its tests run one after another.
+import assert from "node:assert/strict";
+import process from "node:process";
+import { after, before, describe, test } from "node:test";
+import { type PgLock, pgLocks, RunlockError } from "../src/postgres/mod.ts";
+import { Child, waitFor } from "./_helpers.ts";
+import { cli } from "./_cli.ts";
+import { type Cluster, findPgBin, psql } from "./fixtures/pg_cluster.ts";
+import { startCluster } from "./fixtures/pg_cluster.ts";
+
+// This file restarts and crashes its server: it needs the binaries, even
+// when RUNLOCK_TEST_PG_URL names a server.
+const canRun = findPgBin() !== undefined;
+if (!canRun) {
+  const message =
+    "no PostgreSQL binaries (initdb, pg_ctl): the backend on non-default server settings is NOT tested";
+  if (process.env.CI === "true") {
+    test("PostgreSQL binaries are available to the settings tests under CI=true", () => {
+      assert.fail(message);
+    });
+  } else console.error(`!!! ${message} !!!`);
+}
+
+let counter = 0;
+/** A lock name no other test (or earlier run) uses. */
+function unique(label: string): string {
+  return `settings/${process.pid}-${
+    Date.now().toString(36)
+  }/${label}/${counter++}`;
+}
+
+function child(mode: string, url: string, name: string, ...rest: string[]) {
+  return new Child("pg_child.ts", [mode, url, name, ...rest]);
+}
+
+/**
+ * Sessions of `user` waiting for an advisory lock. This cluster is this
+ * file's and its tests run one at a time, so every waiter of that role is
+ * the test's (and the count needs no key formula).
+ */
+function waitersOf(url: string, user: string): number {
+  return Number(psql(
+    url,
+    `SELECT count(*) FROM pg_catalog.pg_locks l
+       JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid
+      WHERE l.locktype = 'advisory' AND NOT l.granted AND a.usename = :'user'`,
+    { user },
+  ));
+}
+
+/** Advisory locks granted to sessions of `user`. */
+function grantedTo(url: string, user: string): number {
+  return Number(psql(
+    url,
+    `SELECT count(*) FROM pg_catalog.pg_locks l
+       JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid
+      WHERE l.locktype = 'advisory' AND l.granted AND a.usename = :'user'`,
+    { user },
+  ));
+}
+
+/** Resolves when the signal aborts (keeping the process alive meanwhile). */
+function aborted(signal: AbortSignal): Promise<void> {
+  if (signal.aborted) return Promise.resolve();
+  // A held lock's socket does not keep the process alive (by design).
+  const keepAlive = setInterval(() => {}, 1_000);
+  return new Promise<void>((resolve) =>
+    signal.addEventListener("abort", () => resolve(), { once: true })
+  ).finally(() => clearInterval(keepAlive));
+}
+
+describe("postgres backend on non-default server, role and database settings", {
+  skip: !canRun,
+}, () => {
+  let cluster: Cluster;
+  let url: string;
+  /** The URL of `role` on database `db` of this cluster. */
+  const as = (role: string, db = "postgres") =>
+    `postgres://${role}@127.0.0.1:${cluster.port}/${db}`;
+  /**
+   * A login role with `settings` (ALTER ROLE ... SET), owning a schema of
+   * its own name, where its locks live; returns its URL.
+   */
+  const role = (name: string, settings: string[] = []): string => {
+    psql(
+      url,
+      [
+        `CREATE ROLE ${name} LOGIN`,
+        `CREATE SCHEMA ${name} AUTHORIZATION ${name}`,
+        ...settings.map((s) => `ALTER ROLE ${name} SET ${s}`),
+        "",
+      ].join(";\n"),
+    );
+    return as(name);
+  };
+
+  before(async () => {
+    cluster = await startCluster({
+      own: true,
+      conf: [
+        // The WAL writer writes an asynchronous commit out within this
+        // delay (the default is 200 ms; 10 s is the most it allows): a
+        // crash inside it loses the commit. Ten seconds make "inside"
+        // certain instead of likely, for case 1. The fence must survive
+        // whatever the delay.
+        "wal_writer_delay = '10s'",
+        // Few connections, so that filling the server takes a moment.
+        "max_connections = 30",
+      ],
+    });
+    url = cluster.url;
+  });
+  after(() => cluster?.stop());
+
+  // Case 9.
+  test("a role whose search_path puts its own pg_try_advisory_lock, pg_advisory_lock, pg_advisory_unlock_all, pg_locks and + before pg_catalog still gets one holder at a time, a growing fence and a true inspect: runlock calls pg_catalog's", async () => {
+    const user = "rl_evil";
+    const evil = role(user);
+    // Impostors that record each call and lie about the lock; they win
+    // over pg_catalog's for any statement that leaves the names bare.
+    psql(
+      url,
+      `CREATE SCHEMA evil;
+       GRANT USAGE ON SCHEMA evil TO PUBLIC;
+       CREATE TABLE evil.calls (fn text);
+       GRANT INSERT, SELECT ON evil.calls TO PUBLIC;
+       CREATE FUNCTION evil.pg_try_advisory_lock(bigint) RETURNS boolean
+         LANGUAGE sql AS $$ INSERT INTO evil.calls VALUES ('pg_try_advisory_lock'); SELECT true $$;
+       CREATE FUNCTION evil.pg_advisory_lock(bigint) RETURNS void
+         LANGUAGE sql AS $$ INSERT INTO evil.calls VALUES ('pg_advisory_lock') $$;
+       CREATE FUNCTION evil.pg_advisory_unlock_all() RETURNS void
+         LANGUAGE sql AS $$ INSERT INTO evil.calls VALUES ('pg_advisory_unlock_all') $$;
+       CREATE FUNCTION evil.pg_backend_pid() RETURNS integer
+         LANGUAGE sql AS $$ INSERT INTO evil.calls VALUES ('pg_backend_pid'); SELECT pg_catalog.pg_backend_pid() $$;
+       CREATE FUNCTION evil.clock_timestamp() RETURNS timestamptz
+         LANGUAGE sql AS $$ INSERT INTO evil.calls VALUES ('clock_timestamp'); SELECT pg_catalog.clock_timestamp() $$;
+       CREATE FUNCTION evil.set_config(text, text, boolean) RETURNS text
+         LANGUAGE sql AS $$ INSERT INTO evil.calls VALUES ('set_config'); SELECT pg_catalog.set_config($1, $2, $3) $$;
+       CREATE FUNCTION evil.to_regclass(text) RETURNS regclass
+         LANGUAGE sql AS $$ INSERT INTO evil.calls VALUES ('to_regclass'); SELECT pg_catalog.to_regclass($1) $$;
+       CREATE FUNCTION evil.keep(bigint, integer) RETURNS bigint
+         LANGUAGE sql AS $$ SELECT $1 $$;
+       CREATE OPERATOR evil.+ (LEFTARG = bigint, RIGHTARG = integer, FUNCTION = evil.keep);
+       CREATE VIEW evil.pg_locks AS SELECT * FROM pg_catalog.pg_locks WHERE false;
+       GRANT SELECT ON evil.pg_locks TO PUBLIC;
+       ALTER ROLE ${user} SET search_path = evil, pg_catalog;`,
+    );
+    assert.equal(
+      psql(
+        evil,
+        "SELECT pg_try_advisory_lock(1); SELECT count(*) FROM evil.calls",
+      ),
+      "t\n1",
+      "the impostor wins for bare names in this role's sessions",
+    );
+
+    psql(url, "TRUNCATE evil.calls");
+    const options = { schema: user };
+    const json = JSON.stringify(options);
+    const name = unique("shadowed");
+    await using locks = pgLocks(evil, options);
+    const first = await locks.acquire(name);
+    const waiter = child("hold", evil, name, "30000", json);
+    try {
+      const refused = await child("try", evil, name, "0", json).expect("held");
+      assert.equal(refused.holder, process.pid);
+      assert.equal(grantedTo(url, user), 1, "one advisory lock, ours");
+      const info = await locks.inspect(name);
+      assert.equal(info.state, "held");
+      assert.equal(info.pid, process.pid);
+      assert.equal(info.fence, first.fence);
+      // A waiter really waits (pg_catalog.pg_advisory_lock), and gets the
+      // lock when we release it (pg_catalog.pg_advisory_unlock_all), with
+      // a higher fence (pg_catalog's +).
+      await waitFor(
+        () => waitersOf(url, user) >= 1,
+        "the waiter waits in pg_advisory_lock",
+      );
+      await first.release();
+      const got = await waiter.expect("acquired");
+      assert.ok(
+        BigInt(got.fence as string) > first.fence,
+        `fence ${got.fence} after ${first.fence}`,
+      );
+      waiter.send("release");
+      await waiter.expect("released");
+      const again = await locks.acquire(name);
+      assert.ok(again.fence > BigInt(got.fence as string));
+      await again.release();
+      assert.equal(grantedTo(url, user), 0, "released means unlocked");
+    } finally {
+      await waiter.kill();
+    }
+    assert.equal(
+      psql(
+        url,
+        "SELECT count(*) || ' ' || coalesce(string_agg(DISTINCT fn, ','), '') FROM evil.calls",
+      ),
+      "0 ",
+      "runlock called an impostor",
+    );
+  });
+
+  // Case 10: DateStyle.
+  test("acquiredAt and inspect().started are real Dates (the record's time) for roles with DateStyle 'SQL, DMY' and 'German'", async () => {
+    for (
+      const [user, style] of [["rl_sql_dmy", "SQL, DMY"], [
+        "rl_german",
+        "German",
+      ]]
+    ) {
+      const u = role(user, [`DateStyle = '${style}'`]);
+      assert.match(
+        psql(u, "SHOW DateStyle"),
+        new RegExp(`^${style.split(",")[0]}`),
+      );
+      const name = unique(user);
+      await using locks = pgLocks(u, { schema: user });
+      await using lock = await locks.acquire(name);
+      const recorded = Number(psql(
+        url,
+        `SELECT floor(extract(epoch FROM started) * 1000) FROM ${user}.runlock_locks WHERE name = :'name'`,
+        { name },
+      ));
+      assert.ok(
+        lock.acquiredAt instanceof Date,
+        `${style}: acquiredAt is ${lock.acquiredAt}`,
+      );
+      assert.equal(lock.acquiredAt.getTime(), recorded, style);
+      const info = await locks.inspect(name);
+      assert.ok(
+        info.started instanceof Date,
+        `${style}: started is ${info.started}`,
+      );
+      assert.equal(info.started.getTime(), recorded, style);
+    }
+  });
+
+  // Case 10: privileges.
+  test("a role that may not create runlock's table gets a RunlockError naming the table, the grant that fixes it and the DDL to run once; `runlock db-setup` prints that DDL, and with only SELECT, INSERT and UPDATE on the table the role takes locks", async () => {
+    const user = "rl_nocreate";
+    psql(url, `CREATE ROLE ${user} LOGIN`);
+    const u = as(user);
+    const name = unique("nocreate");
+    // PostgreSQL 15+: no CREATE on schema public for non-owners.
+    {
+      await using locks = pgLocks(u);
+      const err = await locks.acquire(name).catch((e) => e);
+      assert.ok(err instanceof RunlockError, String(err));
+      const m = err.message;
+      assert.match(m, /"public"\.runlock_locks/, m);
+      assert.match(m, /permission denied for schema public/, m);
+      assert.match(m, /GRANT CREATE ON SCHEMA "public" TO "rl_nocreate"/, m);
+      assert.match(m, /CREATE TABLE IF NOT EXISTS "public"\.runlock_locks/, m);
+      assert.match(m, /runlock db-setup/, m);
+      // Probes need no table: free, and nothing created.
+      assert.equal((await locks.inspect(name)).state, "free");
+    }
+    // A schema that does not exist: creating it needs CREATE on the database.
+    {
+      await using locks = pgLocks(u, { schema: "rl_absent" });
+      const err = await locks.acquire(name).catch((e) => e);
+      assert.ok(err instanceof RunlockError, String(err));
+      const m = err.message;
+      assert.match(m, /schema "rl_absent"/, m);
+      assert.match(
+        m,
+        /GRANT CREATE ON DATABASE "postgres" TO "rl_nocreate"/,
+        m,
+      );
+      assert.match(m, /CREATE SCHEMA IF NOT EXISTS "rl_absent"/, m);
+    }
+    // The DDL, printed by the CLI, run once by the owner (here: postgres).
+    const setup = cli("db-setup", `--db=${u}`);
+    assert.equal(setup.code, 0, setup.stderr);
+    assert.match(
+      setup.stdout,
+      /CREATE TABLE IF NOT EXISTS "public"\.runlock_locks/,
+    );
+    assert.match(
+      setup.stdout,
+      /GRANT SELECT, INSERT, UPDATE ON "public"\.runlock_locks TO "rl_nocreate"/,
+    );
+    psql(url, setup.stdout);
+    psql(url, setup.stdout); // idempotent
+    assert.equal(
+      psql(
+        url,
+        `SELECT pg_catalog.has_table_privilege('rl_nocreate', 'public.runlock_locks', 'DELETE')::text || ' ' ||
+                pg_catalog.has_schema_privilege('rl_nocreate', 'public', 'CREATE')::text`,
+      ),
+      "false false",
+    );
+    await using locks = pgLocks(u);
+    const lock = await locks.acquire(name);
+    assert.equal((await locks.inspect(name)).state, "held");
+    await lock.release();
+    await using next = await locks.acquire(name);
+    assert.ok(next.fence > lock.fence);
+  });
+
+  // Case 2: isolation.
+  test("every waiter takes the lock in turn, with a growing fence, when the role has default_transaction_isolation 'repeatable read' or the database 'serializable' (3 waiters each)", async () => {
+    const rr = role("rl_rr", [
+      "default_transaction_isolation = 'repeatable read'",
+    ]);
+    psql(url, "CREATE DATABASE rl_serializable");
+    psql(
+      url,
+      "ALTER DATABASE rl_serializable SET default_transaction_isolation = 'serializable'",
+    );
+    const ser = as("postgres", "rl_serializable");
+    assert.equal(
+      psql(rr, "SHOW default_transaction_isolation"),
+      "repeatable read",
+    );
+    assert.equal(
+      psql(ser, "SHOW default_transaction_isolation"),
+      "serializable",
+    );
+    const handOff = async (u: string, user: string, schema: string) => {
+      const name = unique(`iso-${schema}`);
+      const json = JSON.stringify({ schema });
+      await using locks = pgLocks(u, { schema });
+      const first = await locks.acquire(name);
+      const waiters = Array.from(
+        { length: 3 },
+        () => child("hold", u, name, "60000", json),
+      );
+      try {
+        await waitFor(
+          () => waitersOf(url, user) >= 3,
+          `3 waiters of ${user} in pg_advisory_lock`,
+        );
+        // Each waiter's first event: "acquired", or the error it died of.
+        const pending = new Map(
+          waiters.map((w) => [w, w.next().then((e) => ({ w, e }))]),
+        );
+        await first.release();
+        let last = first.fence;
+        while (pending.size > 0) {
+          const { w, e } = await Promise.race(pending.values());
+          pending.delete(w);
+          assert.equal(e.event, "acquired", `${schema}: ${JSON.stringify(e)}`);
+          const fence = BigInt(e.fence as string);
+          assert.ok(fence > last, `${schema}: fence ${fence} after ${last}`);
+          last = fence;
+          w.send("release");
+          await w.expect("released");
+        }
+      } finally {
+        for (const w of waiters) await w.kill();
+      }
+    };
+    await Promise.all([
+      handOff(rr, "rl_rr", "rl_rr"),
+      handOff(ser, "postgres", "public"),
+    ]);
+  });
+
+  // Case 2: read-only default.
+  test("a role with default_transaction_read_only = on creates the table, takes, inspects and releases locks", async () => {
+    const user = "rl_readonly";
+    const u = role(user, ["default_transaction_read_only = on"]);
+    assert.equal(psql(u, "SHOW default_transaction_read_only"), "on");
+    const name = unique("readonly");
+    await using locks = pgLocks(u, { schema: user });
+    const lock = await locks.acquire(name);
+    assert.equal((await locks.inspect(name)).state, "held");
+    await lock.release();
+    assert.equal((await locks.inspect(name)).state, "free");
+    await using next = await locks.acquire(name);
+    assert.ok(next.fence > lock.fence);
+  });
+
+  // Case 10: no free connection.
+  test("at max_connections, acquire and inspect fail with a RunlockError saying the server has no free connection and that each needs a session of its own", async () => {
+    const schema = "rl_full";
+    const held: PgLock[] = [];
+    await using locks = pgLocks(url, { schema });
+    let refused: unknown;
+    try {
+      for (let i = 0; i < 100 && refused === undefined; i++) {
+        try {
+          held.push(await locks.acquire(unique(`full-${i}`)));
+        } catch (err) {
+          refused = err;
+        }
+      }
+      assert.ok(held.length >= 10, `only ${held.length} locks`);
+      assert.ok(refused instanceof RunlockError, String(refused));
+      const a = refused.message;
+      assert.match(a, /no free connection/, a);
+      assert.match(a, /max_connections/, a);
+      assert.match(a, /each held lock needs a session of its own/, a);
+      await using probe = pgLocks(url, { schema });
+      const err = await probe.inspect(held[0].path).catch((e) => e);
+      assert.ok(err instanceof RunlockError, String(err));
+      assert.match(err.message, /no free connection/, err.message);
+      assert.match(
+        err.message,
+        /inspect needs a session of its own/,
+        err.message,
+      );
+    } finally {
+      for (const lock of held) await lock.release();
+    }
+    await using probe = pgLocks(url, { schema });
+    assert.equal((await probe.inspect(held[0].path)).state, "free");
+  });
+
+  // Case 2: a server that truly cannot write.
+  test("on a hot standby (a server in recovery), acquire fails with a RunlockError saying the server is read-only and runlock needs the primary", async () => {
+    const schema = "rl_standby";
+    const name = unique("standby");
+    {
+      await using locks = pgLocks(url, { schema });
+      await (await locks.acquire(name)).release();
+    }
+    cluster.restartAsStandby();
+    try {
+      assert.equal(psql(url, "SELECT pg_catalog.pg_is_in_recovery()"), "t");
+      await using locks = pgLocks(url, { schema });
+      const err = await locks.acquire(name).catch((e) => e);
+      assert.ok(err instanceof RunlockError, String(err));
+      const m = err.message;
+      assert.match(m, /read-only/, m);
+      assert.match(m, /standby|recovery/, m);
+      assert.match(m, /primary/, m);
+    } finally {
+      cluster.promote();
+    }
+    await using locks = pgLocks(url, { schema });
+    await using lock = await locks.acquire(name);
+    assert.ok(lock.fence >= 2n);
+  });
+
+  // Case 1.
+  test("with synchronous_commit = off on the role, every fence handed out survives a postmaster crash (SIGQUIT): each next holder's fence is higher (3 crashes)", async () => {
+    const user = "rl_async";
+    const u = role(user, ["synchronous_commit = off"]);
+    assert.equal(psql(u, "SHOW synchronous_commit"), "off");
+    const name = unique("crash");
+    const options = { schema: user };
+    {
+      // The table and a first record, made durable by a checkpoint, so
+      // that a lost table cannot stand in for a lost fence.
+      await using locks = pgLocks(u, options);
+      await (await locks.acquire(name)).release();
+      psql(url, "CHECKPOINT");
+    }
+    const fences: bigint[] = [];
+    for (let round = 0; round <= 3; round++) {
+      const locks = pgLocks(u, options);
+      const lock = await locks.acquire(name, { timeout: 30_000 });
+      const highest = fences.reduce((a, b) => a > b ? a : b, 0n);
+      fences.push(lock.fence);
+      assert.ok(
+        lock.fence > highest,
+        `fences handed out: ${fences.join(", ")} (after crash ${round})`,
+      );
+      if (round < 3) {
+        // Right after acquire returned: the fence is the client's now.
+        cluster.restart("immediate");
+        await aborted(lock.signal);
+        await lock.release().catch(() => {}); // LockLostError, once
+      } else {
+        await lock.release();
+      }
+      await locks.end();
+    }
+    console.log(`fences across 3 crashes: ${fences.join(", ")}`);
+  });
+});
