@@ -2,32 +2,99 @@
 // locks this process holds (locks are not reentrant).
 import process from "node:process";
 import type { RunlockError } from "../errors.ts";
+import { hostName } from "./_options.ts";
 import { describe, isSessionError, type Session } from "./_session.ts";
 import type { Statements } from "./_sql.ts";
 import { SessionLostError } from "./errors.ts";
 import type { PgInspection, PgLock } from "./types.ts";
 
 /**
- * The locks this process holds through any pgLocks object, by server,
- * database, schema and name, with when each was taken. Locks are not
- * reentrant (as file locks): acquiring one this process holds fails at
- * once with HeldError (byThisProcess) instead of waiting on itself.
+ * The locks this copy of runlock holds through any of its pgLocks objects,
+ * by server address as spelled in the URL, database, schema and name, with
+ * when each was taken: the fast path, which needs no round trip.
  */
 const heldHere = new Map<string, Date>();
 
 /**
+ * The locks this process holds through any copy of runlock loaded in it,
+ * by holder session (`backendPid`), fence and name, with when each was
+ * taken. Module state is per copy: the ES module and the CommonJS build of
+ * the npm package, both loaded in one Node process, are two copies, and
+ * each would wait on a lock the other holds (issue 16, case 4). So this
+ * map lives in the global symbol registry, shared by every copy (of this
+ * entry layout: the name is versioned).
+ */
+const heldInProcess: Map<string, Date> = (() => {
+  const slot = Symbol.for("runlock.postgres.heldInProcess.v1");
+  const g = globalThis as unknown as Record<symbol, Map<string, Date>>;
+  return g[slot] ??= new Map();
+})();
+
+function inProcessKey(backendPid: number, fence: bigint, name: string) {
+  return `${backendPid}\0${fence}\0${name}`;
+}
+
+/**
+ * When this process took the lock a probe just read (`info`), through any
+ * pgLocks object of any copy of runlock and whatever the URL's spelling of
+ * the server (`127.0.0.1`, `localhost`, a unix socket): undefined when it
+ * is not this process's.
+ *
+ * The record naming our pid and host is not enough: a process in another
+ * container can have the same pid and host name. So the session that
+ * holds the key (`info.backendPid`, from pg_locks) must also be one through
+ * which this process holds this name with this fence. Backend pids are
+ * per server, and this process may hold locks on several: a match on
+ * pid, host, backend, name and fence together that is not ours would need
+ * a twin process holding the same name with the same fence through a
+ * backend with the same pid on another server. Were it to happen, the
+ * cost is a HeldError (byThisProcess) where waiting was due, never a lock
+ * granted twice.
+ *
+ * @param info What a probe of the lock read.
+ * @returns When this process took it, or undefined.
+ */
+export function ownedByThisProcess(info: PgInspection): Date | undefined {
+  if (
+    info.state !== "held" || info.foreign || info.fence === undefined ||
+    info.backendPid === 0 || info.pid !== process.pid ||
+    info.host !== hostName()
+  ) {
+    return undefined;
+  }
+  return heldInProcess.get(
+    inProcessKey(info.backendPid, info.fence, info.path),
+  );
+}
+
+/**
  * When this process took the lock `here` (server, database, schema and
  * name, see {@linkcode hereKey}), or undefined when it does not hold it.
- * `info`, when given, is what a probe of the lock just read.
+ * `info`, when given, is what a probe of the lock just read: then a lock
+ * this process holds through another URL spelling or another copy of
+ * runlock counts too (see {@linkcode ownedByThisProcess}).
+ *
+ * @param here The lock's registry key, from {@linkcode hereKey}.
+ * @param info What a probe of the lock just read, if any.
+ * @returns When this process took it, or undefined.
  */
 export function heldByThisProcess(
   here: string,
-  _info?: PgInspection,
+  info?: PgInspection,
 ): Date | undefined {
-  return heldHere.get(here);
+  const since = heldHere.get(here);
+  if (since !== undefined || info === undefined) return since;
+  return ownedByThisProcess(info);
 }
 
-/** The registry key of a lock name on one server, database and schema. */
+/**
+ * The registry key of a lock name on one server, database and schema.
+ *
+ * @param where `host:port/database`, as the URL spells it.
+ * @param schema The schema of the table.
+ * @param name The lock name.
+ * @returns The key.
+ */
 export function hereKey(where: string, schema: string, name: string): string {
   return `${where}\0${schema}\0${name}`;
 }
@@ -54,6 +121,7 @@ export class PgLockImpl implements PgLock {
   readonly #session: Session;
   readonly #tag: { classid: string; objid: string };
   readonly #here: string;
+  readonly #inProcess: string;
   #released = false;
 
   constructor(
@@ -73,9 +141,12 @@ export class PgLockImpl implements PgLock {
     this.acquiredAt = row.started as Date;
     this.meta = Object.freeze({ ...meta });
     this.#tag = tag;
+    this.#inProcess = inProcessKey(session.backendPid, this.fence, name);
     heldHere.set(here, this.acquiredAt);
+    heldInProcess.set(this.#inProcess, this.acquiredAt);
     const lose = (what: string) => {
       heldHere.delete(here);
+      heldInProcess.delete(this.#inProcess);
       this.#controller.abort(
         new SessionLostError(name, this.pid, what, this.fence),
       );
@@ -112,6 +183,7 @@ export class PgLockImpl implements PgLock {
     if (this.#released) return;
     this.#released = true;
     heldHere.delete(this.#here);
+    heldInProcess.delete(this.#inProcess);
     const session = this.#session;
     session.stopHeartbeat();
     session.onLost = undefined;

@@ -4,6 +4,7 @@ import { setTimeout } from "node:timers";
 import { HeldError } from "../errors.ts";
 import type { Session } from "./_session.ts";
 import type { Statements } from "./_sql.ts";
+import { ownedByThisProcess } from "./_lock.ts";
 import { ForeignHolderError } from "./errors.ts";
 import type { PgInspection } from "./types.ts";
 
@@ -13,12 +14,30 @@ export interface Found {
   /** Another name with the same key (a collision), if any. */
   other: string | undefined;
 }
+/**
+ * The HeldError for a lock a probe found held: a ForeignHolderError when
+ * the key's holder wrote no record, one with `byThisProcess` when the
+ * holder is this very process (through any pgLocks object, URL spelling
+ * or copy of runlock: see ownedByThisProcess), else one naming the
+ * record's pid and host.
+ *
+ * @param name The lock name.
+ * @param info What the probe read (state `held`).
+ * @returns The error to throw.
+ */
 export function heldError(name: string, info: PgInspection): HeldError {
   if (info.foreign) {
     const m = /session \d+(?: \(application "(.*)"\))?/.exec(
       info.reason ?? "",
     );
     return new ForeignHolderError(name, info.backendPid, m?.[1] ?? "");
+  }
+  const since = ownedByThisProcess(info);
+  if (since !== undefined) {
+    return new HeldError(name, info.pid, info.host, {
+      started: since,
+      byThisProcess: true,
+    });
   }
   return new HeldError(name, info.pid, info.host, { started: info.started });
 }
