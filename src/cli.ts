@@ -9,6 +9,7 @@
  * runlock wait --timeout=60 .state/run.lock # exit 0 once free, 1 on timeout
  * runlock ls --recursive .state             # one line per lock: state, pid, host, age, cmd, path
  * runlock run --db=postgres://app@db/app sync/main -- ./sync.sh   # the lock on PostgreSQL
+ * runlock db-setup --db=postgres://app@db/app | psql postgres://owner@db/app  # the table, once
  * ```
  *
  * Built on the public API only; the PostgreSQL backend is imported only
@@ -48,6 +49,7 @@ const USAGE = `usage:
               [--meta KEY=VALUE]... [--no-cmd] [--db=URL] [--] <path|name> -- <command> [args...]
   runlock wait [--timeout=SECONDS] [--db=URL] [--] <path|name>
   runlock ls [--json] [--recursive] [--] <dir>
+  runlock db-setup [--db=URL] [--schema=NAME]
   runlock --help | --version`;
 
 const HELP =
@@ -92,6 +94,13 @@ commands:
   ls       One line per lock file in <dir> (any file name; --recursive: the
            whole tree, no symlinks followed): state, pid, host, age, command,
            path. Exit 0. --json prints an array of inspect() results.
+  db-setup Print the SQL that creates the PostgreSQL backend's table
+           (NAME.runlock_locks, default schema public) once, and grants the
+           role of --db's URL what it needs to take locks (USAGE on the
+           schema; SELECT, INSERT, UPDATE on the table). For a role that may
+           not create the table on first use: run the SQL as the schema's
+           owner, e.g. runlock db-setup --db=URL | psql OWNER_URL. Connects
+           to nothing. Exit 0.
 
   On a terminal, run --wait and wait keep one updating line on stderr: who
   holds the lock, what it runs, and how long runlock has waited. Nothing of
@@ -677,6 +686,44 @@ async function wait(args: string[], io: CliIo): Promise<number> {
   }
 }
 
+/**
+ * `db-setup`: the SQL that creates the PostgreSQL backend's table once,
+ * with the grants the URL's role needs (pgSetupSql). Connects to nothing:
+ * the URL only names the role.
+ */
+async function dbSetup(args: string[], io: CliIo): Promise<number> {
+  const { options, rest } = parse(args, { db: "value", schema: "value" });
+  if (rest.length > 0) {
+    throw new UsageError(`db-setup: unexpected argument '${rest[0]}'`);
+  }
+  const url = databaseUrl(options);
+  let role: string | undefined;
+  if (url !== undefined) {
+    let user = "";
+    try {
+      const u = new URL(url.text);
+      if (u.protocol !== "postgres:" && u.protocol !== "postgresql:") {
+        throw new TypeError("not postgres://");
+      }
+      user = decodeURIComponent(u.username);
+    } catch {
+      throw new UsageError(
+        `${url.from}: needs a postgres://USER@HOST/DATABASE URL`,
+      );
+    }
+    role = user === "" ? undefined : user;
+  }
+  const pg = await import("./postgres/mod.ts");
+  let sql: string;
+  try {
+    sql = pg.pgSetupSql({ schema: options.get("schema") as string, role });
+  } catch (err) {
+    throw new UsageError(`db-setup: ${(err as Error).message}`);
+  }
+  io.out(sql.trimEnd());
+  return 0;
+}
+
 async function ls(args: string[], io: CliIo): Promise<number> {
   const { options, rest } = parse(args, {
     json: "flag",
@@ -1084,6 +1131,8 @@ export async function main(args: string[], io: CliIo = stdio): Promise<number> {
         return await wait(rest, io);
       case "ls":
         return await ls(rest, io);
+      case "db-setup":
+        return await dbSetup(rest, io);
       case "--help":
       case "-h":
       case "help":

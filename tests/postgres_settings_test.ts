@@ -200,9 +200,9 @@ describe("postgres backend on non-default server, role and database settings", {
     assert.equal(
       psql(
         url,
-        "SELECT count(*) || ' ' || coalesce(string_agg(DISTINCT fn, ','), '') FROM evil.calls",
+        "SELECT count(*) || ':' || coalesce(string_agg(DISTINCT fn, ','), '') FROM evil.calls",
       ),
-      "0 ",
+      "0:",
       "runlock called an impostor",
     );
   });

@@ -1,7 +1,19 @@
-// Every statement the PostgreSQL backend sends, one named constant each.
-// Values are always parameters ($1, $2, ...). The only text spliced in is
-// the table's identifier, quoted by `quoteIdent` (identifiers cannot be
-// parameters), once per pgLocks object.
+// Every statement the PostgreSQL backend sends, one named constant each,
+// and the session settings sent with each connection. Values are always
+// parameters ($1, $2, ...). The only text spliced in is the table's
+// identifier, quoted by `quoteIdent` (identifiers cannot be parameters),
+// once per pgLocks object.
+//
+// Every system function, table, type and operator is named with its
+// schema (pg_catalog.pg_try_advisory_lock, pg_catalog.pg_locks,
+// pg_catalog.text, OPERATOR(pg_catalog.=)): a role whose search_path puts
+// a schema of its own before pg_catalog (`SET search_path = app,
+// pg_catalog`) makes a bare name mean that schema's function, view or
+// operator [search] (reproduced: an impostor pg_try_advisory_lock that
+// returns true gave two holders). The pinned search_path below already
+// puts pg_catalog first; the qualified names hold even without it. SQL
+// keywords that name types (bigint, integer, boolean) are not looked up
+// in search_path and stay bare.
 //
 // References (PostgreSQL 15 manual):
 //   [advisory]  §9.27.10 Advisory Lock Functions
@@ -13,6 +25,80 @@
 //   [with]      §7.8.4 Data-Modifying Statements in WITH
 //   [cancel]    §55.2.8 Canceling Requests in Progress
 //   [stats]     §28.2.3 pg_stat_activity (backend_xmin)
+//   [search]    §5.9.3 The Schema Search Path ("pg_catalog ... is
+//               searched after ... if it is listed later in the path"),
+//               §10.2.1 and §10.3.1 (operators and functions resolved
+//               through the path)
+//   [options]   §20.1.4 Parameter Interaction via the Shell, and §55.2.1
+//               StartupMessage, "options" (spaces in a value escaped
+//               with a backslash)
+//   [guc]       §20.1.3 (a value set per connection overrides ALTER
+//               ROLE/DATABASE ... SET and postgresql.conf)
+
+/**
+ * The server settings every runlock session starts with, sent in the
+ * startup packet ("options", `-c name=value` [options]). A value set
+ * there wins over ALTER ROLE ... SET, ALTER DATABASE ... SET,
+ * ALTER SYSTEM and postgresql.conf [guc], and nothing else runs on these
+ * sessions to change it. Each one is pinned because a common setting of
+ * the role, database or server broke a promise (issue 16):
+ *
+ * - tcp_keepalives_*, tcp_user_timeout: the server drops a vanished
+ *   client in seconds (§20.3.1), before our heartbeat gives up.
+ * - statement_timeout, lock_timeout, idle_in_transaction_session_timeout,
+ *   idle_session_timeout = 0: a wait is one long statement and an idle
+ *   holder's session is the lock; none may be cut (our waits set
+ *   lock_timeout per statement).
+ * - synchronous_commit = on: the record and its fence are durable (WAL
+ *   flushed, and replicated to synchronous standbys if any) before
+ *   acquire returns. With `off` (a common tuning) a postmaster crash lost
+ *   the last commits and the next holder got a fence already handed out.
+ * - default_transaction_isolation = 'read committed': the acquire
+ *   statements rely on ON CONFLICT DO UPDATE reading the latest committed
+ *   row [upsert]; under repeatable read or serializable every waiter
+ *   failed at the hand-off with 40001.
+ * - default_transaction_read_only = off: so that only a server that truly
+ *   cannot write (a hot standby) refuses the record.
+ * - search_path = pg_catalog, pg_temp: no user function, view or
+ *   operator can stand in for a system one [search].
+ * - DateStyle = ISO: the client parses timestamps only in ISO output; a
+ *   role with 'SQL, DMY' or 'German' made acquiredAt null.
+ *
+ * Values are written as the startup "options" string needs them (a
+ * space escaped with a backslash): the session joins them as
+ * `-c name=value`, unchanged.
+ */
+export function sessionSettings(o: {
+  keepalivesIdle: number;
+  keepalivesInterval: number;
+  keepalivesCount: number;
+  tcpUserTimeout: number;
+}): Record<string, string> {
+  return {
+    tcp_keepalives_idle: String(o.keepalivesIdle),
+    tcp_keepalives_interval: String(o.keepalivesInterval),
+    tcp_keepalives_count: String(o.keepalivesCount),
+    tcp_user_timeout: String(o.tcpUserTimeout),
+    statement_timeout: "0",
+    lock_timeout: "0",
+    idle_in_transaction_session_timeout: "0",
+    idle_session_timeout: "0",
+    synchronous_commit: "on",
+    default_transaction_isolation: optionValue("read committed"),
+    default_transaction_read_only: "off",
+    search_path: "pg_catalog,pg_temp",
+    DateStyle: "ISO",
+  };
+}
+
+/**
+ * A value for the startup "options" string: the server splits it at
+ * whitespace, and a backslash keeps the next character (a space, a
+ * backslash) in the value [options].
+ */
+export function optionValue(value: string): string {
+  return value.replace(/[\\\s]/g, (c) => `\\${c}`);
+}
 
 /** Double-quotes an identifier (`"a""b"`), for the one thing we cannot bind. */
 export function quoteIdent(name: string): string {
@@ -22,6 +108,9 @@ export function quoteIdent(name: string): string {
 /** The statements for one table, `schema.runlock_locks`. */
 export interface Statements {
   table: string;
+  tableState: string;
+  tableExists: string;
+  identity: string;
   ensureTable: string;
   ensureSchemaAndTable: string;
   tryAcquire: string;
@@ -48,36 +137,97 @@ const COLUMNS =
 // unique_violation (23505), which is how a key collision is detected.
 const upsert = (table: string, source: string) =>
   `INSERT INTO ${table} AS r (${COLUMNS})
-   SELECT $1, $2, 1, $3, $4, clock_timestamp(), $5, $6::jsonb, pg_backend_pid()
+   SELECT $1, $2, 1, $3, $4, pg_catalog.clock_timestamp(), $5,
+     $6::pg_catalog.jsonb, pg_catalog.pg_backend_pid()
    FROM ${source}
    ON CONFLICT (name) DO UPDATE SET
-     key = EXCLUDED.key, fence = r.fence + 1, pid = EXCLUDED.pid,
+     key = EXCLUDED.key, fence = r.fence OPERATOR(pg_catalog.+) 1,
+     pid = EXCLUDED.pid,
      host = EXCLUDED.host, started = EXCLUDED.started,
      runtime = EXCLUDED.runtime, meta = EXCLUDED.meta,
      backend_pid = EXCLUDED.backend_pid
-   RETURNING fence::text AS fence, started`;
+   RETURNING fence::pg_catalog.text AS fence, started`;
 
-/** Builds the statements for the table `schema.runlock_locks`. */
-export function statements(schema: string): Statements {
-  const table = `${quoteIdent(schema)}.runlock_locks`;
-  const ddl = (withSchema: boolean) =>
-    `BEGIN;
-      SELECT pg_advisory_xact_lock(1920298604, 1);
-      ${withSchema ? `CREATE SCHEMA IF NOT EXISTS ${quoteIdent(schema)};` : ""}
-      CREATE TABLE IF NOT EXISTS ${table} (
-        name text PRIMARY KEY,
+/**
+ * The table's columns, for the DDL run on first use and the DDL printed
+ * for a DBA (`setupSql`): one definition, so the two cannot drift.
+ */
+const tableDefinition = (table: string) =>
+  `CREATE TABLE IF NOT EXISTS ${table} (
+        name pg_catalog.text PRIMARY KEY,
         key bigint NOT NULL UNIQUE,
         fence bigint NOT NULL,
         pid integer NOT NULL,
-        host text NOT NULL,
-        started timestamptz NOT NULL,
-        runtime text NOT NULL,
-        meta jsonb NOT NULL DEFAULT '{}',
+        host pg_catalog.text NOT NULL,
+        started pg_catalog.timestamptz NOT NULL,
+        runtime pg_catalog.text NOT NULL,
+        meta pg_catalog.jsonb NOT NULL DEFAULT '{}',
         backend_pid integer
-      );
+      )`;
+
+/** The table `schema.runlock_locks`, quoted. */
+export function tableName(schema: string): string {
+  return `${quoteIdent(schema)}.runlock_locks`;
+}
+
+/**
+ * The statements a DBA runs once so that roles without CREATE can take
+ * locks: the schema (when `withSchema`), the table, and, for `role`, the
+ * grants of `grantStatements`. Idempotent.
+ */
+export function setupStatements(
+  schema: string,
+  role: string | undefined,
+  withSchema: boolean,
+): string[] {
+  return [
+    ...(withSchema
+      ? [`CREATE SCHEMA IF NOT EXISTS ${quoteIdent(schema)};`]
+      : []),
+    `${tableDefinition(tableName(schema)).replaceAll("\n      ", "\n")};`,
+    ...(role === undefined ? [] : grantStatements(schema, role)),
+  ];
+}
+
+/**
+ * What a role needs to take locks in a table it did not create: USAGE on
+ * the schema; SELECT, INSERT and UPDATE on the table (never DELETE: rows
+ * are kept, so fences never restart).
+ */
+export function grantStatements(schema: string, role: string): string[] {
+  return [
+    `GRANT USAGE ON SCHEMA ${quoteIdent(schema)} TO ${quoteIdent(role)};`,
+    `GRANT SELECT, INSERT, UPDATE ON ${tableName(schema)} TO ${
+      quoteIdent(role)
+    };`,
+  ];
+}
+
+/** Builds the statements for the table `schema.runlock_locks`. */
+export function statements(schema: string): Statements {
+  const table = tableName(schema);
+  const ddl = (withSchema: boolean) =>
+    `BEGIN;
+      SELECT pg_catalog.pg_advisory_xact_lock(1920298604, 1);
+      ${withSchema ? `CREATE SCHEMA IF NOT EXISTS ${quoteIdent(schema)};` : ""}
+      ${tableDefinition(table)};
       COMMIT`;
   return {
     table,
+
+    // Whether the schema and the table exist, before creating them.
+    // $1 the quoted schema name, $2 the quoted table name.
+    tableState: `SELECT
+        pg_catalog.to_regnamespace($1) IS NOT NULL AS schema,
+        pg_catalog.to_regclass($2) IS NOT NULL AS table`,
+
+    // Whether the table exists (probes create nothing). $1 the table.
+    tableExists: `SELECT pg_catalog.to_regclass($1) IS NOT NULL AS table`,
+
+    // Who we are, for the message when creating the table is refused.
+    // CURRENT_USER is a keyword, not a function looked up in search_path.
+    identity:
+      `SELECT CURRENT_USER AS role, pg_catalog.current_database() AS database`,
 
     // Created on first use. CREATE ... IF NOT EXISTS is not atomic: two
     // sessions creating the same table (or schema) at once can fail with
@@ -110,7 +260,7 @@ export function statements(schema: string): Statements {
     // MATERIALIZED CTE runs it exactly once, before the INSERT reads it.
     // $1 name, $2 key, $3 pid, $4 host, $5 runtime, $6 meta (json text).
     tryAcquire: `WITH got AS MATERIALIZED (
-        SELECT pg_try_advisory_lock($2::bigint) AS ok
+        SELECT pg_catalog.pg_try_advisory_lock($2::bigint) AS ok
       ) ${upsert(table, "got WHERE got.ok")}`,
 
     // Waiting: block in pg_advisory_lock, so the server hands the lock over
@@ -123,9 +273,9 @@ export function statements(schema: string): Statements {
     // pg_advisory_lock shows a backend_xmin), so callers wait in slices of
     // a few seconds rather than for hours in one statement.
     waitAcquire: `WITH cfg AS MATERIALIZED (
-        SELECT set_config('lock_timeout', $7::text, true)
+        SELECT pg_catalog.set_config('lock_timeout', $7::pg_catalog.text, true)
       ), got AS MATERIALIZED (
-        SELECT pg_advisory_lock($2::bigint) FROM cfg
+        SELECT pg_catalog.pg_advisory_lock($2::bigint) FROM cfg
       ) ${upsert(table, "got")}`,
 
     // Release: mark the record released (so it reads free, not stale),
@@ -140,16 +290,19 @@ export function statements(schema: string): Statements {
     // $1 name, $2 fence.
     release: `WITH mark AS (
         UPDATE ${table} SET backend_pid = NULL
-        WHERE name = $1 AND fence = $2::bigint AND backend_pid = pg_backend_pid()
+        WHERE name OPERATOR(pg_catalog.=) $1
+          AND fence OPERATOR(pg_catalog.=) $2::bigint
+          AND backend_pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid()
         RETURNING 1
-      ) SELECT pg_advisory_unlock_all(), (SELECT count(*) FROM mark)::int AS marked`,
+      ) SELECT pg_catalog.pg_advisory_unlock_all(),
+        (SELECT pg_catalog.count(*) FROM mark)::integer AS marked`,
 
     // After a failed acquire statement. Session-level advisory locks are
     // NOT released when the transaction that took them rolls back
     // [explicit]: if the lock was granted and the INSERT then failed (key
     // collision, lock_timeout on the row, cancel), the session still holds
     // it and must drop it before it is reused.
-    unlockAll: `SELECT pg_advisory_unlock_all()`,
+    unlockAll: `SELECT pg_catalog.pg_advisory_unlock_all()`,
 
     // The read-only probe: the record for the name, any record of another
     // name with the same key (a collision), and who holds the key right now
@@ -166,25 +319,150 @@ export function statements(schema: string): Statements {
         k.name AS other_name, k.pid AS other_pid, k.host AS other_host,
         k.backend_pid AS other_backend,
         l.pid AS holder_backend, a.application_name AS holder_application
-      FROM (SELECT $1::text AS name, $2::bigint AS key) q
-      LEFT JOIN ${table} r ON r.name = q.name
-      LEFT JOIN ${table} k ON k.key = q.key AND k.name <> q.name
-      LEFT JOIN pg_locks l ON l.locktype = 'advisory' AND l.granted
-        AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-        AND l.classid = $3::oid AND l.objid = $4::oid AND l.objsubid = 1
-      LEFT JOIN pg_stat_activity a ON a.pid = l.pid
+      FROM (SELECT $1::pg_catalog.text AS name, $2::bigint AS key) q
+      LEFT JOIN ${table} r ON r.name OPERATOR(pg_catalog.=) q.name
+      LEFT JOIN ${table} k ON k.key OPERATOR(pg_catalog.=) q.key
+        AND k.name OPERATOR(pg_catalog.<>) q.name
+      LEFT JOIN pg_catalog.pg_locks l
+        ON l.locktype OPERATOR(pg_catalog.=) 'advisory' AND l.granted
+        AND l.database OPERATOR(pg_catalog.=) (
+          SELECT d.oid FROM pg_catalog.pg_database d
+          WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
+        AND l.classid OPERATOR(pg_catalog.=) $3::pg_catalog.oid
+        AND l.objid OPERATOR(pg_catalog.=) $4::pg_catalog.oid
+        AND l.objsubid OPERATOR(pg_catalog.=) 1
+      LEFT JOIN pg_catalog.pg_stat_activity a
+        ON a.pid OPERATOR(pg_catalog.=) l.pid
       LIMIT 1`,
 
     // lock.isOwned(): does this session still hold the key?
     // $1 classid, $2 objid.
     owned: `SELECT EXISTS (
-        SELECT 1 FROM pg_locks
-        WHERE locktype = 'advisory' AND granted AND pid = pg_backend_pid()
-          AND classid = $1::oid AND objid = $2::oid AND objsubid = 1
+        SELECT 1 FROM pg_catalog.pg_locks
+        WHERE locktype OPERATOR(pg_catalog.=) 'advisory' AND granted
+          AND pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid()
+          AND classid OPERATOR(pg_catalog.=) $1::pg_catalog.oid
+          AND objid OPERATOR(pg_catalog.=) $2::pg_catalog.oid
+          AND objsubid OPERATOR(pg_catalog.=) 1
       ) AS owned`,
 
     // The heartbeat: the cheapest round trip. The lock can only go away
     // with the session (nothing else runs on it), so an answer proves it.
     heartbeat: `SELECT 1`,
+  };
+}
+
+// ---------------------------------------------------------------------------
+// The waiting queue (issue 16 case 8). Added by the waiting helper; used
+// only by _acquire.ts, which describes the protocol. In short: a waiter
+// takes a ticket and holds a queue node of its own, the session-level
+// advisory lock (queue, ticket) in the two-int4 key space (objsubid 2 in
+// pg_locks [pglocks]), which never collides with the bigint keys of lock
+// names nor, since `queue` is never 1920298604, with the DDL lock above.
+// It waits on its live predecessor's node (the greatest ticket below its
+// own that a session holds); only the queue's head waits on the name's
+// key, and it lets go of its node the moment it is granted the key, so
+// its successor becomes the head while it holds the lock. Each waiting
+// statement still ends after a slice (lock_timeout), so no snapshot is
+// held for long; a waiter that waits again keeps its ticket, so its place.
+// ---------------------------------------------------------------------------
+
+/** The statements of the waiting queue, for the table `schema.runlock_locks`. */
+export interface QueueStatements {
+  enqueue: string;
+  predecessor: string;
+  waitNode: string;
+  waitHead: string;
+  afterHead: string;
+  unlockNode: string;
+}
+
+// Granted advisory locks of queue $1 in this database, in pg_locks.
+const queueNodes = `FROM pg_catalog.pg_locks l
+      WHERE l.locktype OPERATOR(pg_catalog.=) 'advisory' AND l.granted
+        AND l.objsubid OPERATOR(pg_catalog.=) 2
+        AND l.database OPERATOR(pg_catalog.=) (
+          SELECT d.oid FROM pg_catalog.pg_database d
+          WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
+        AND l.classid OPERATOR(pg_catalog.=) $1::integer::pg_catalog.oid`;
+
+/** Builds the queue's statements for the table `schema.runlock_locks`. */
+export function queueStatements(schema: string): QueueStatements {
+  const table = tableName(schema);
+  return {
+    // A ticket: one more than the greatest held in the queue, and its
+    // node, taken without waiting (pg_locks is read at call time, before
+    // the lock, as the CTE order makes it). `ok` is false when another
+    // waiter took the same ticket in between: take another. Tickets start
+    // at 1 when the queue is empty and grow while it is not; a queue never
+    // empty for 2^31 arrivals would overflow the integer (an error: the
+    // caller then waits outside the queue, as older versions do).
+    // $1 queue.
+    enqueue: `WITH t AS MATERIALIZED (
+        SELECT COALESCE((SELECT pg_catalog.max(l.objid::bigint) ${queueNodes}), 0)
+          OPERATOR(pg_catalog.+) 1 AS ticket
+      ), n AS MATERIALIZED (
+        SELECT t.ticket::integer AS ticket,
+          pg_catalog.pg_try_advisory_lock($1::integer, t.ticket::integer) AS ok
+        FROM t
+      ) SELECT n.ticket, n.ok FROM n`,
+
+    // The live predecessor of ticket $2: the greatest ticket below it that
+    // a session (not ours) holds; NULL when we are the queue's head.
+    // $1 queue, $2 ticket.
+    predecessor:
+      `SELECT pg_catalog.max(l.objid::bigint)::integer AS pred ${queueNodes}
+        AND l.objid OPERATOR(pg_catalog.<) $2::integer::pg_catalog.oid
+        AND l.pid OPERATOR(pg_catalog.<>) pg_catalog.pg_backend_pid()`,
+
+    // Waiting for the predecessor's node, for a slice ($3 ms of
+    // lock_timeout): granted when its session lets go of it (it was
+    // granted the lock, gave up, or ended), then let go of at once. Its
+    // only waiter is us, so a slice that runs out loses nothing.
+    // $1 queue, $2 the predecessor's ticket, $3 ms.
+    waitNode: `WITH cfg AS MATERIALIZED (
+        SELECT pg_catalog.set_config('lock_timeout', $3::pg_catalog.text, true)
+      ), got AS MATERIALIZED (
+        SELECT pg_catalog.pg_advisory_lock($1::integer, $2::integer) FROM cfg
+      ) SELECT pg_catalog.pg_advisory_unlock($1::integer, $2::integer) AS ok
+        FROM got`,
+
+    // The head's wait: waitAcquire's, and once the key is granted, our node
+    // is let go of (before the record is written), so our successor waits
+    // on the key while we hold it: the server hands it over the instant we
+    // release it. If the statement fails after the key was granted (a
+    // lock_timeout on the row), the key is held and the node is not.
+    // $1-$7 as waitAcquire, $8 queue, $9 ticket.
+    waitHead: `WITH cfg AS MATERIALIZED (
+        SELECT pg_catalog.set_config('lock_timeout', $7::pg_catalog.text, true)
+      ), got AS MATERIALIZED (
+        SELECT pg_catalog.pg_advisory_lock($2::bigint) FROM cfg
+      ), node AS MATERIALIZED (
+        SELECT pg_catalog.pg_advisory_unlock($8::integer, $9::integer) FROM got
+      ) ${upsert(table, "node")}`,
+
+    // After a failed head's wait: drops the name's key if the statement
+    // was granted it, and says whether we still hold our node (then the
+    // wait ran out before the key was granted, and we keep our place).
+    // $1 key, $2 classid, $3 objid (its halves), $4 queue, $5 ticket.
+    afterHead: `WITH mine AS MATERIALIZED (
+        SELECT l.objsubid, l.classid, l.objid FROM pg_catalog.pg_locks l
+        WHERE l.locktype OPERATOR(pg_catalog.=) 'advisory' AND l.granted
+          AND l.pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid()
+      ) SELECT
+        (SELECT pg_catalog.pg_advisory_unlock($1::bigint) FROM mine
+          WHERE mine.objsubid OPERATOR(pg_catalog.=) 1
+            AND mine.classid OPERATOR(pg_catalog.=) $2::pg_catalog.oid
+            AND mine.objid OPERATOR(pg_catalog.=) $3::pg_catalog.oid
+          LIMIT 1) AS key_dropped,
+        EXISTS (SELECT 1 FROM mine
+          WHERE mine.objsubid OPERATOR(pg_catalog.=) 2
+            AND mine.classid OPERATOR(pg_catalog.=) $4::integer::pg_catalog.oid
+            AND mine.objid OPERATOR(pg_catalog.=) $5::integer::pg_catalog.oid
+        ) AS node_held`,
+
+    // Leaving the queue (the lock was taken another way). $1 queue, $2 ticket.
+    unlockNode:
+      `SELECT pg_catalog.pg_advisory_unlock($1::integer, $2::integer) AS ok`,
   };
 }
