@@ -29,6 +29,7 @@ export {
   type PgLocksOptions,
 } from "./pg_locks.ts";
 export { KeyCollisionError } from "./errors.ts";
+export { type PgSetupOptions, pgSetupSql } from "./_schema.ts";
 export {
   ContendedError,
   HeldError,

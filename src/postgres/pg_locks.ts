@@ -23,7 +23,7 @@ import {
 import { find, type Found, interpret } from "./_probe.ts";
 import { createTable } from "./_schema.ts";
 import { Session, type SessionConfig, sqlState } from "./_session.ts";
-import { type Statements, statements } from "./_sql.ts";
+import { sessionSettings, type Statements, statements } from "./_sql.ts";
 import { KeyCollisionError } from "./errors.ts";
 import type {
   PgAcquireOptions,
@@ -67,26 +67,9 @@ class PgLocksImpl implements PgLocks, AcquireHost, LockOwner {
     this.#config = {
       url,
       connectTimeout: o.connectTimeout,
-      // Startup-packet settings ("options", as libpq's PGOPTIONS; PostgreSQL
-      // manual §20.1.4 "Parameter Interaction via the Shell"): per session,
-      // no server change, and they win over ALTER ROLE/DATABASE ... SET
-      // (tested: a database with statement_timeout and
-      // idle_session_timeout set neither cuts a wait nor ends an idle
-      // holder). Keepalives and tcp_user_timeout make the server drop a
-      // vanished client in seconds (§20.3.1 "Connection Settings"). No
-      // statement_timeout (a wait is one long statement), no lock_timeout
-      // outside our waits, and no idle_session_timeout (PostgreSQL 14+):
-      // an idle holder's session is the lock.
-      settings: {
-        tcp_keepalives_idle: String(o.keepalivesIdle),
-        tcp_keepalives_interval: String(o.keepalivesInterval),
-        tcp_keepalives_count: String(o.keepalivesCount),
-        tcp_user_timeout: String(o.tcpUserTimeout),
-        statement_timeout: "0",
-        lock_timeout: "0",
-        idle_in_transaction_session_timeout: "0",
-        idle_session_timeout: "0",
-      },
+      // The settings pinned in the startup packet, which win over the
+      // role's, the database's and the server's (see _sql.ts).
+      settings: sessionSettings(o),
     };
   }
 
@@ -120,7 +103,11 @@ class PgLocksImpl implements PgLocks, AcquireHost, LockOwner {
     return refused(this.#target, name, action, err);
   }
 
-  async #connect(name: string, signal?: AbortSignal): Promise<Session> {
+  async #connect(
+    name: string,
+    signal?: AbortSignal,
+    purpose: "lock" | "probe" = "lock",
+  ): Promise<Session> {
     if (this.#ended) {
       throw new RunlockError(
         name,
@@ -146,7 +133,7 @@ class PgLocksImpl implements PgLocks, AcquireHost, LockOwner {
       return await Session.open(this.#config, signal);
     } catch (err) {
       signal?.throwIfAborted();
-      throw connectError(this.#target, this.#options, name, err);
+      throw connectError(this.#target, this.#options, name, err, purpose);
     }
   }
 
@@ -234,7 +221,7 @@ class PgLocksImpl implements PgLocks, AcquireHost, LockOwner {
         return await this.#probeSession(name); // another probe replaced it
       }
     }
-    const next = this.#connect(name);
+    const next = this.#connect(name, undefined, "probe");
     this.#probe = next;
     next.catch(() => {
       if (this.#probe === next) this.#probe = undefined;
@@ -257,7 +244,7 @@ class PgLocksImpl implements PgLocks, AcquireHost, LockOwner {
           // statement fail: each failure is an ERROR line in the server's
           // log, and a status command may poll.
           const rows = await session.query(
-            `SELECT to_regclass($1) IS NOT NULL AS table`,
+            this.sql.tableExists,
             [this.sql.table],
             undefined,
             false,
