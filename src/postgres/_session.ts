@@ -118,6 +118,120 @@ function letGo(): void {
   if (--busy === 0) keepAlive?.unref();
 }
 
+// Deadlines count the time this process ran, not the wall clock's.
+//
+// A process that was not running (SIGSTOP, Ctrl-Z, a blocked event loop)
+// wakes with its deadline timers overdue, and timers run before pending
+// I/O is read: a deadline measured on the wall clock calls a session dead
+// whose answer is already in the socket's buffer (issue 16 case 5: a
+// waiter stopped in the server's queue was granted the lock while stopped,
+// and on `fg` said "did not answer a statement within 10000 ms", closed
+// its session and so dropped the lock it had just been given). While it
+// was not running, nothing it sent may have left (a write still queued in
+// the runtime), so the time it was stopped proves nothing about the
+// server either. So:
+//
+// - a shared ticker (one per process, only while a deadline is armed)
+//   adds up the time between its ticks, each gap counted up to
+//   CREDIT_MS: a gap longer than that is time the process did not run;
+// - a deadline expires when `ms` of that running time have passed since
+//   it was armed (a timer that fires early re-arms for what is left);
+// - and then only after one more event-loop turn (GRACE_MS) in which
+//   pending I/O is read, a turn that itself ran on time: if the process
+//   was stopped during it, it takes another.
+// A server that truly stopped answering (a frozen link) is still declared
+// lost: without a stop, running time is wall time, and after a stop it is
+// declared lost within `ms` of the resume, at the latest.
+const TICK_MS = 100;
+const CREDIT_MS = 300;
+/** The last event-loop turn before a deadline decides (HEARTBEAT_GRACE_MS). */
+const GRACE_MS = 25;
+let ran = 0;
+let lastTick = 0;
+let armed = 0;
+let ticker: ReturnType<typeof setInterval> | undefined;
+
+/** Milliseconds this process ran while the clock was on (see above). */
+function running(): number {
+  const now = performance.now();
+  ran += Math.min(now - lastTick, CREDIT_MS);
+  lastTick = now;
+  return ran;
+}
+
+function clockOn(): void {
+  if (armed++ > 0) return;
+  lastTick = performance.now();
+  ticker = setInterval(running, TICK_MS);
+  ticker.unref();
+}
+
+function clockOff(): void {
+  if (--armed > 0) return;
+  clearInterval(ticker);
+  ticker = undefined;
+}
+
+/**
+ * Calls `expire` once `ms` of this process's running time have passed
+ * and a turn of the event loop has let pending I/O be read, unless the
+ * returned function is called first. Its timers are unreferenced.
+ */
+function deadline(ms: number, expire: () => void): () => void {
+  clockOn();
+  const start = running();
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  let over = false;
+  const end = () => {
+    if (over) return false;
+    over = true;
+    clearTimeout(timer);
+    clockOff();
+    return true;
+  };
+  const arm = (delay: number, step: () => void) => {
+    // (Timers take at most 2^31 - 1 ms; a longer deadline re-arms.)
+    timer = setTimeout(step, Math.min(delay, 2 ** 31 - 1));
+    timer.unref();
+  };
+  const grace = () => {
+    const since = performance.now();
+    arm(GRACE_MS, () => {
+      // Not running during the turn (stopped again): its I/O is unread.
+      if (performance.now() - since > GRACE_MS + CREDIT_MS) grace();
+      else if (end()) expire();
+    });
+  };
+  const check = () => {
+    const left = ms - (running() - start);
+    if (left > 0) arm(left, check);
+    else grace();
+  };
+  arm(ms, check);
+  return () => void end();
+}
+
+/**
+ * Resolves after `ms` milliseconds or when `first` settles, whichever
+ * comes first (an unreferenced timer, cleared then).
+ */
+function pause(ms: number, first: Promise<unknown>): Promise<void> {
+  return new Promise((resolve) => {
+    const timer = setTimeout(resolve, ms);
+    timer.unref();
+    first.then(() => {
+      clearTimeout(timer);
+      resolve();
+    });
+  });
+}
+
+/** CancelRequests one cancel() may send while the statement runs on. */
+const CANCEL_SENDS = 40;
+/** The first pause between two of them; it doubles up to CANCEL_GAP_MS. */
+const CANCEL_FIRST_GAP_MS = 5;
+const CANCEL_GAP_MS = 500;
+
 /** One dedicated session. */
 export class Session {
   readonly #client: PgClient;
@@ -128,6 +242,8 @@ export class Session {
   #onLost: ((what: string) => void) | undefined;
   /** Statements run one at a time (node-postgres 9 will require it). */
   #tail: Promise<unknown> = Promise.resolve();
+  /** Statements given to `query` and not settled yet. */
+  #pending = 0;
   #beat: ReturnType<typeof setInterval> | undefined;
 
   private constructor(client: PgClient) {
@@ -199,28 +315,41 @@ export class Session {
    * runs, unless `background` (the heartbeat). With a `timeout` (ms), a
    * statement with no answer by then ends the session: a server that
    * stopped answering (a silent network partition, a stopped backend)
-   * must not hang the caller until TCP gives up, minutes later.
+   * must not hang the caller until TCP gives up, minutes later. The
+   * timeout counts the time this process ran (see `deadline`): a process
+   * that was stopped reads what arrived meanwhile before it decides.
    */
-  async query(
+  query(
     text: string,
     values: unknown[] = [],
     named?: string,
     background = false,
     timeout = 0,
   ): Promise<Record<string, unknown>[]> {
+    return this.#run(text, values, named, background, timeout, "statement");
+  }
+
+  async #run(
+    text: string,
+    values: unknown[],
+    named: string | undefined,
+    background: boolean,
+    timeout: number,
+    what: "statement" | "heartbeat",
+  ): Promise<Record<string, unknown>[]> {
     if (this.#lost !== undefined) {
       throw new Error(`the session ${this.#lost}`);
     }
     if (!background) hold();
-    let timer: ReturnType<typeof setTimeout> | undefined;
+    this.#pending++;
+    let disarm: (() => void) | undefined;
     try {
       const run = this.#tail.then(() => {
         if (timeout > 0) {
-          timer = setTimeout(
-            () => this.#lose(`did not answer a statement within ${timeout} ms`),
+          disarm = deadline(
             timeout,
+            () => this.#lose(`did not answer a ${what} within ${timeout} ms`),
           );
-          timer.unref();
         }
         return this.#client.query(
           named ? { name: named, text, values } : { text, values },
@@ -237,7 +366,8 @@ export class Session {
       }
       throw err;
     } finally {
-      if (timer !== undefined) clearTimeout(timer);
+      disarm?.();
+      this.#pending--;
       if (!background) letGo();
     }
   }
@@ -245,40 +375,20 @@ export class Session {
   /**
    * Checks the session every `interval` ms with `statement`; if an answer
    * takes longer than `timeout` ms the session counts as lost and is
-   * closed. The timers are unreferenced.
-   *
-   * A process that was stopped (SIGSTOP, a long GC pause, a blocked event
-   * loop) wakes with the deadline timer overdue while the answer may
-   * already sit in the socket's buffer: timers run before I/O is read. So
-   * the deadline gives the event loop one more short turn before it
-   * decides.
+   * closed. The timers are unreferenced. The timeout counts the time this
+   * process ran, as a statement's does (see `deadline`): a holder that was
+   * stopped (SIGSTOP, Ctrl-Z, a long GC pause, a blocked event loop) wakes
+   * with the deadline overdue while the answer may already sit in the
+   * socket's buffer, and reads it before it decides.
    */
   startHeartbeat(statement: string, interval: number, timeout: number): void {
     let inFlight = false;
     this.#beat = setInterval(() => {
       if (inFlight || this.#lost !== undefined) return;
       inFlight = true;
-      let grace: ReturnType<typeof setTimeout> | undefined;
-      const deadline = setTimeout(() => {
-        grace = setTimeout(() => {
-          if (inFlight) {
-            this.#lose(`did not answer a heartbeat within ${timeout} ms`);
-          }
-        }, 25);
-        grace.unref();
-      }, timeout);
-      deadline.unref();
-      this.query(statement, [], undefined, true).then(
-        () => {
-          inFlight = false;
-          clearTimeout(deadline);
-          if (grace) clearTimeout(grace);
-        },
-        (err) => {
-          clearTimeout(deadline);
-          if (grace) clearTimeout(grace);
-          this.#lose(`failed a heartbeat: ${describe(err)}`);
-        },
+      this.#run(statement, [], undefined, true, timeout, "heartbeat").then(
+        () => inFlight = false,
+        (err) => this.#lose(`failed a heartbeat: ${describe(err)}`),
       );
     }, interval);
     this.#beat.unref();
@@ -291,15 +401,57 @@ export class Session {
   }
 
   /**
-   * Asks the server to cancel the statement this session is running
-   * (CancelRequest on a new connection with the backend's pid and secret
-   * key; PostgreSQL manual §55.2.8 "Canceling Requests in Progress").
-   * Resolves when the server has closed that connection, i.e. after it
-   * has signalled the backend. A cancel that arrives after the statement
-   * finished is ignored by an idle backend; callers that cancel do not
-   * reuse the session anyway.
+   * Cancels the statements this session has been given so far, and holds
+   * until they have settled.
+   *
+   * A CancelRequest (on a new connection, with the backend's pid and
+   * secret key; PostgreSQL manual §55.2.8 "Canceling Requests in
+   * Progress") acts only on a statement the backend is running: one that
+   * arrives before the statement does (they travel on two connections) or
+   * while the backend has not begun it is ignored, and the statement then
+   * runs on (issue 16 case 6: a wait ran out its whole slice after an
+   * abort). So while a statement is still unanswered, it sends another,
+   * after 5 ms, then doubling pauses up to 500 ms (at most 40 in all), and
+   * each time waits until the server has closed that connection (it closes
+   * it after it has signalled the backend, or after 2 s).
+   *
+   * Resolves (never rejects) once every statement given before the call
+   * has settled (answered, failed, or its session lost: a statement with a
+   * timeout settles by then) and no CancelRequest of ours is still on its
+   * way, so a late one cannot hit a later statement; statements given
+   * after the call start only then. Resolves at once when no statement is
+   * pending. A canceled statement rejects with SQLSTATE 57014
+   * (query_canceled); the session stays usable, but a wait that was
+   * granted just before the cancel took effect holds the lock: callers
+   * release or close.
    */
   cancel(): Promise<void> {
+    if (this.#pending === 0 || this.#lost !== undefined) {
+      return Promise.resolve();
+    }
+    let settled = false;
+    const given = this.#tail.then(() => void (settled = true));
+    const done = (async () => {
+      let gap = CANCEL_FIRST_GAP_MS;
+      for (let i = 0; i < CANCEL_SENDS; i++) {
+        if (settled || this.#lost !== undefined) break;
+        await this.#sendCancel();
+        if (settled) break;
+        await pause(gap, given);
+        gap = Math.min(2 * gap, CANCEL_GAP_MS);
+      }
+      await given;
+    })();
+    this.#tail = done;
+    return done;
+  }
+
+  /**
+   * Sends one CancelRequest; resolves when the server has closed its
+   * connection, or after 2 s, or on an error (the server will then end
+   * the statement, or not, by itself).
+   */
+  #sendCancel(): Promise<void> {
     const pid = this.#client.processID;
     const secret = this.#client.secretKey;
     if (pid === null || secret === null) return Promise.resolve();
