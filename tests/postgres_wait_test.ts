@@ -214,7 +214,7 @@ describe("postgres waiting", { skip: !canStart }, () => {
         console.log(
           `restart ${mode}: the waiter took the lock ${
             ((got.at as number) - restarted).toFixed(0)
-          } ms after the server was back (fence ${fence} -> ${next})`,
+          } ms after pg_ctl restart returned (fence ${fence} -> ${next})`,
         );
         fence = next;
         current = waiter;

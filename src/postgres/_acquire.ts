@@ -1,7 +1,45 @@
 // The acquire procedure: the one-round-trip try, the probe when that
-// fails, and waiting in the server's queue in slices, until the lock is
-// taken, the timeout passes, the caller aborts, or something fails.
+// fails, and waiting first come, first served, in slices, until the lock
+// is taken, the timeout passes, the caller aborts, or something fails; a
+// waiter whose server goes away reconnects while it has time left.
+//
+// Waiting (issue 16 case 8). A blocked statement holds a snapshot (and so
+// VACUUM's horizon), so no wait statement lasts longer than a slice
+// (WAIT_SLICE_MS). The server's queue of a lock is first come, first
+// served, but a waiter whose slice ran out and that waits again goes to
+// its back: with everyone waiting on the name's key, 20 workers saw waits
+// of 3 times the FIFO bound. So waiters queue in the server's lock manager
+// themselves (a CLH queue; the statements are queueStatements in _sql.ts):
+//
+// - a waiter takes a ticket, one more than the greatest in the name's
+//   queue, and holds its node, the advisory lock (queue, ticket);
+// - it waits on its live predecessor's node (the greatest ticket below
+//   its own still held), a lock nobody else waits on, so a slice that runs
+//   out and a wait that starts again lose nothing; when that node is let
+//   go of (its holder was granted the lock, gave up, was aborted, or its
+//   session ended), it looks for its predecessor again;
+// - the head (no predecessor) waits on the name's key; when granted it, it
+//   lets go of its node in the same statement, so its successor becomes
+//   the head and waits on the key while it holds the lock, and the server
+//   hands the lock over the instant it is released, as before.
+// Tickets need no durability: a node lives only as long as its session,
+// and a server restart ends every session, so every waiter queues again
+// (in the order it reconnects). What can still go out of order: an
+// acquire that does not wait (the try) or a waiter at the end of a slice
+// (it tries too, see below) can take the lock in the moment it is free
+// between a holder's release and the next head's wait, which needs a
+// holder that holds for less time than the hand-over takes (a few round
+// trips); waiters of older runlock versions wait on the key itself, in
+// the server's queue, beside our head. Two names whose queue numbers (32
+// bits of the key) collide share a queue: a waiter may then wait behind
+// one of the other name. Every waiter tries the lock at the end of each
+// slice, so that costs it at most a slice, as does a predecessor that is
+// stopped (SIGSTOP) while the server hands it the node. In pg_locks a
+// queue shows as one granted lock (classid queue, objid ticket, objsubid
+// 2) per waiter, each but the head's watched by one ungranted lock, and
+// the head waiting on the name's key.
 import process from "node:process";
+import { clearTimeout, setTimeout } from "node:timers";
 import { ContendedError, HeldError, RunlockError } from "../errors.ts";
 import { checkMeta } from "../meta.ts";
 import { keyOf, lockTagOf } from "./_key.ts";
@@ -9,7 +47,11 @@ import { heldByThisProcess } from "./_lock.ts";
 import { checkName, checkTimeout, hostName, runtime } from "./_options.ts";
 import { find, heldError } from "./_probe.ts";
 import { type Session, sqlState } from "./_session.ts";
-import type { Statements } from "./_sql.ts";
+import {
+  type QueueStatements,
+  queueStatements,
+  type Statements,
+} from "./_sql.ts";
 import { KeyCollisionError } from "./errors.ts";
 import type { PgAcquireOptions, PgLock } from "./types.ts";
 
@@ -17,6 +59,17 @@ import type { PgAcquireOptions, PgLock } from "./types.ts";
 const WAIT_SLICE_MS = 5_000;
 /** Attempts when the lock keeps changing hands between our statements. */
 const MAX_SPINS = 16;
+/** Tickets to try when other waiters keep taking the same one. */
+const ENQUEUE_TRIES = 8;
+/**
+ * Reconnecting after the server went away while we waited: the first
+ * pause, doubled after each failed attempt up to the last. A server that
+ * restarts sends no event to wait for, so this is a backoff.
+ */
+const RECONNECT_FIRST_MS = 20;
+const RECONNECT_MAX_MS = 1_000;
+/** The DDL lock's first key (_sql.ts), which no queue may use. */
+const DDL_KEY = 1920298604;
 
 /** What the acquire procedure needs from its pgLocks object. */
 export interface AcquireHost {
@@ -50,10 +103,26 @@ export interface AcquireHost {
   ): PgLock;
 }
 
+/** One acquire: what every step needs. */
+interface Call {
+  host: AcquireHost;
+  name: string;
+  key: bigint;
+  tag: { classid: string; objid: string };
+  /** The acquire statements' $1-$6. */
+  params: unknown[];
+  deadline: number;
+  signal: AbortSignal | undefined;
+}
+
+const queueSql = new Map<string, QueueStatements>();
+
 /**
  * Takes the lock `name` for `host`'s pgLocks object: at once if free,
- * else waiting (in slices) until `options.timeout`, the signal's abort, or
- * a failure.
+ * else waiting (in slices, in order of arrival) until `options.timeout`,
+ * the signal's abort, or a failure. A session lost while there is time
+ * left (a server restart, a terminated backend) is replaced, retrying a
+ * server that refuses connections or is starting up until the deadline.
  */
 export async function acquire(
   host: AcquireHost,
@@ -73,31 +142,47 @@ export async function acquire(
       byThisProcess: true,
     });
   }
-  const deadline = performance.now() + timeout;
   const key = keyOf(name, host.schema);
-  const tag = lockTagOf(key);
-  const params = [
+  const call: Call = {
+    host,
     name,
-    String(key),
-    process.pid,
-    hostName(),
-    runtime,
-    JSON.stringify(meta),
-  ];
+    key,
+    tag: lockTagOf(key),
+    params: [
+      name,
+      String(key),
+      process.pid,
+      hostName(),
+      runtime,
+      JSON.stringify(meta),
+    ],
+    deadline: performance.now() + timeout,
+    signal,
+  };
+  // Set once a session of ours was lost with time left: from then on a
+  // connection refused or "starting up" is the server coming back.
+  let reconnecting = false;
+  let pause = 0;
   for (let attempt = 0;; attempt++) {
-    const { session, reused } = await host.take(name, signal);
+    let taken: { session: Session; reused: boolean };
     try {
-      return await acquireOn(
-        host,
-        session,
-        name,
-        key,
-        tag,
-        params,
-        meta,
-        deadline,
-        signal,
-      );
+      taken = await host.take(name, signal);
+    } catch (err) {
+      if (reconnecting && comingBack(err) && timeLeft(call)) {
+        pause = Math.min(
+          Math.max(2 * pause, RECONNECT_FIRST_MS),
+          RECONNECT_MAX_MS,
+        );
+        await sleep(Math.min(pause, call.deadline - performance.now()), signal);
+        continue;
+      }
+      throw err;
+    }
+    const { session, reused } = taken;
+    const opened = performance.now();
+    try {
+      const row = await acquireOn(call, session);
+      return lockOn(host, session, name, row, meta, call.tag);
     } catch (err) {
       if (session.lost === undefined) host.giveBack(session);
       else session.destroy();
@@ -109,37 +194,154 @@ export async function acquire(
       if (signal?.aborted && !(err instanceof RunlockError)) {
         throw signal.reason;
       }
+      // The session ended under us (issue 16 case 7: a server restart
+      // gave every waiter 57P01 at once, although the server was back
+      // 0.2 s later): a waiter with time left connects again and waits on.
+      // A lock granted to that session went with it. Not a session we
+      // gave up on ourselves (no answer in time: a silent server or link),
+      // which fails as before rather than wait out the timeout on it.
+      if (
+        session.lost !== undefined &&
+        !session.lost.startsWith("did not answer") &&
+        !(err instanceof RunlockError) && timeLeft(call)
+      ) {
+        reconnecting = true;
+        // A session that died young may be a server that keeps ending
+        // them: do not reconnect in a tight loop.
+        if (performance.now() - opened > RECONNECT_MAX_MS) pause = 0;
+        else {
+          pause = Math.min(
+            Math.max(2 * pause, RECONNECT_FIRST_MS),
+            RECONNECT_MAX_MS,
+          );
+          await sleep(
+            Math.min(pause, call.deadline - performance.now()),
+            signal,
+          );
+        }
+        continue;
+      }
       throw host.refused(name, "acquire the lock", err);
     }
   }
 }
 
+/** Whether the deadline is still ahead. */
+function timeLeft(call: Call): boolean {
+  return call.deadline - performance.now() > 0;
+}
+
+/**
+ * Whether a failed connection is a server on its way back: refused (not
+ * listening yet), reset or ended during the handshake, or refusing with
+ * 57P01-57P03 (shutting down, crashed, starting up / in recovery).
+ */
+function comingBack(err: unknown): boolean {
+  const cause = (err as { cause?: unknown } | null)?.cause ?? err;
+  const code = (cause as { code?: unknown } | null)?.code;
+  if (code === "ECONNREFUSED" || code === "ECONNRESET" || code === "EPIPE") {
+    return true;
+  }
+  const state = sqlState(cause);
+  if (state !== undefined) return /^57P0[1-3]$/.test(state);
+  return /Connection terminated/i.test(String(cause));
+}
+
+/** Resolves after `ms`, or rejects with the signal's reason on its abort. */
+function sleep(ms: number, signal: AbortSignal | undefined): Promise<void> {
+  signal?.throwIfAborted();
+  return new Promise((resolve, reject) => {
+    const done = () => {
+      signal?.removeEventListener("abort", abort);
+      resolve();
+    };
+    const timer = setTimeout(done, Math.max(0, ms));
+    const abort = () => {
+      clearTimeout(timer);
+      reject(signal!.reason);
+    };
+    signal?.addEventListener("abort", abort, { once: true });
+  });
+}
+
+/**
+ * Takes the lock on one session, or fails. From the first statement to
+ * the last, an abort cancels whatever statement the session runs (the
+ * session's cancel holds until it has settled, so a cancel that reaches
+ * the server before the statement does is sent again: issue 16 case 6),
+ * and no statement starts once the signal is aborted. The session then
+ * ends (with any lock it was granted meanwhile, released first).
+ */
 async function acquireOn(
-  host: AcquireHost,
+  call: Call,
   session: Session,
-  name: string,
-  key: bigint,
-  tag: { classid: string; objid: string },
-  params: unknown[],
-  meta: Record<string, string>,
-  deadline: number,
-  signal: AbortSignal | undefined,
-): Promise<PgLock> {
+): Promise<Record<string, unknown>> {
+  const { host, name, signal } = call;
   await host.ensureTable(session);
+  const queue = new Queue(call, session);
+  let canceled: Promise<void> | undefined;
+  const abort = () => canceled ??= session.cancel();
+  signal?.addEventListener("abort", abort, { once: true });
+  let row: Record<string, unknown> | undefined;
+  let failure: unknown;
+  try {
+    row = await takeOrWait(call, session, queue);
+  } catch (err) {
+    failure = err;
+  } finally {
+    signal?.removeEventListener("abort", abort);
+  }
+  if (signal?.aborted) {
+    // Aborted: the lock, if this session was just granted it, is not
+    // handed out. The abort listener may not have run (aborted before it
+    // was added): cancel now.
+    await (canceled ?? session.cancel());
+    if (row !== undefined) {
+      await session.query(
+        host.sql.release,
+        [name, row.fence],
+        "runlock_release",
+        false,
+        host.statementTimeout,
+      ).catch(() => {});
+    }
+    session.destroy("was closed after a canceled acquire");
+    throw signal.reason;
+  }
+  if (failure !== undefined) {
+    // Leave the queue before the session goes back to the pool: our node
+    // would hold up every waiter behind it.
+    if (queue.ticket !== undefined && session.lost === undefined) {
+      await queue.leaveAll().catch(() => session.destroy());
+    }
+    throw failure;
+  }
+  return row!;
+}
+
+/** The try, the probe, and waiting, until the lock is ours. */
+async function takeOrWait(
+  call: Call,
+  session: Session,
+  queue: Queue,
+): Promise<Record<string, unknown>> {
+  const { host, name, key, tag, signal } = call;
   for (let spins = 0;;) {
     signal?.throwIfAborted();
     const rows = await attempt(
-      host,
+      call,
       session,
-      name,
-      key,
       host.sql.tryAcquire,
-      params,
+      call.params,
       "runlock_try",
     );
     if (rows.length > 0) {
-      return lockOn(host, session, name, rows[0], meta, tag);
+      // At the end of a slice, a queued waiter may find the lock free (a
+      // predecessor that is stopped, or of another name): it is ours.
+      await queue.leave();
+      return rows[0];
     }
+    signal?.throwIfAborted();
     const found = await find(
       session,
       host.sql,
@@ -156,8 +358,7 @@ async function acquireOn(
       if (++spins >= MAX_SPINS) throw new ContendedError(name, spins);
       continue;
     }
-    const remaining = deadline - performance.now();
-    if (remaining <= 0) throw heldError(name, found.info);
+    if (!timeLeft(call)) throw heldError(name, found.info);
     const since = heldByThisProcess(host.here(name), found.info);
     if (since !== undefined) {
       // Another acquire in this process won meanwhile: do not wait on it.
@@ -166,17 +367,214 @@ async function acquireOn(
         byThisProcess: true,
       });
     }
-    const waited = await wait(
-      host,
-      session,
-      name,
-      key,
-      [...params, String(Math.ceil(Math.min(remaining, WAIT_SLICE_MS)))],
-      signal,
-    );
-    if (waited !== undefined) {
-      return lockOn(host, session, name, waited, meta, tag);
+    const waited = await queue.wait();
+    if (waited !== undefined) return waited;
+  }
+}
+
+/** This acquire's place in the name's queue, on one session. */
+class Queue {
+  readonly #call: Call;
+  readonly #session: Session;
+  readonly #sql: QueueStatements;
+  /** The queue's number: 32 bits of the key, never the DDL lock's. */
+  readonly #queue: number;
+  /** Our ticket while we hold our node. */
+  ticket: number | undefined;
+  /** False once the queue failed us: wait on the key, as before. */
+  #usable = true;
+
+  constructor(call: Call, session: Session) {
+    this.#call = call;
+    this.#session = session;
+    const schema = call.host.schema;
+    let sql = queueSql.get(schema);
+    if (sql === undefined) {
+      sql = queueStatements(schema);
+      if (queueSql.size >= 64) queueSql.clear();
+      queueSql.set(schema, sql);
     }
+    this.#sql = sql;
+    const q = Number(BigInt.asIntN(32, (call.key >> 32n) ^ call.key));
+    this.#queue = q === DDL_KEY ? q ^ 1 : q;
+  }
+
+  #query(
+    text: string,
+    params: unknown[],
+    statement: string,
+    timeout: number,
+  ): Promise<Record<string, unknown>[]> {
+    this.#call.signal?.throwIfAborted();
+    return this.#session.query(text, params, statement, false, timeout);
+  }
+
+  /**
+   * Waits for one slice, or less: returns the record row once the lock
+   * is ours, undefined when the slice ran out (the caller tries again).
+   */
+  async wait(): Promise<Record<string, unknown> | undefined> {
+    const call = this.#call;
+    if (this.ticket === undefined && this.#usable) await this.#enqueue();
+    for (;;) {
+      const remaining = call.deadline - performance.now();
+      if (remaining <= 0) return undefined;
+      const slice = Math.ceil(Math.min(remaining, WAIT_SLICE_MS));
+      // The server answers by the end of the slice (lock_timeout); no
+      // answer by then plus a heartbeat timeout means it is unreachable.
+      const late = slice + call.host.heartbeatTimeout;
+      if (this.ticket === undefined) {
+        return await waitOnKey(call, this.#session, slice, late);
+      }
+      const rows = await this.#query(
+        this.#sql.predecessor,
+        [this.#queue, this.ticket],
+        "runlock_queue_predecessor",
+        call.host.statementTimeout,
+      );
+      const pred = rows[0]?.pred as number | null | undefined;
+      if (pred === null || pred === undefined) {
+        return await this.#head(slice, late);
+      }
+      try {
+        await this.#query(
+          this.#sql.waitNode,
+          [this.#queue, pred, String(slice)],
+          "runlock_queue_wait",
+          late,
+        );
+        // Our predecessor moved on: look for the next one.
+      } catch (err) {
+        // The slice ran out (lock_not_available), or the server broke a
+        // deadlock through our node (two names sharing a queue): the
+        // caller tries the lock, then we wait again, in our place.
+        const state = sqlState(err);
+        if (state === "55P03" || state === "40P01") return undefined;
+        throw err;
+      }
+    }
+  }
+
+  /** The head's slice: waiting on the name's key. */
+  async #head(
+    slice: number,
+    late: number,
+  ): Promise<Record<string, unknown> | undefined> {
+    const call = this.#call;
+    const ticket = this.ticket!;
+    try {
+      const rows = await this.#query(
+        this.#sql.waitHead,
+        [...call.params, String(slice), this.#queue, ticket],
+        "runlock_queue_head",
+        late,
+      );
+      this.ticket = undefined; // let go of in the statement
+      return rows[0];
+    } catch (err) {
+      if (this.#session.lost !== undefined || call.signal?.aborted) throw err;
+      // Session-level advisory locks outlive the failed statement
+      // (§13.3.5): drop the key if it was granted, and learn whether our
+      // node is still ours (it is unless the key was granted).
+      const [state] = await this.#session.query(
+        this.#sql.afterHead,
+        [
+          String(call.key),
+          call.tag.classid,
+          call.tag.objid,
+          this.#queue,
+          ticket,
+        ],
+        "runlock_queue_after_head",
+        false,
+        call.host.statementTimeout,
+      );
+      if (state?.node_held !== true) this.ticket = undefined;
+      if (sqlState(err) === "55P03") return undefined; // lock_not_available
+      if (sqlState(err) === "23505") {
+        await this.leaveAll();
+        throw await collision(call, this.#session, err);
+      }
+      throw err;
+    }
+  }
+
+  /** Takes a ticket and its node; on failure, waits outside the queue. */
+  async #enqueue(): Promise<void> {
+    for (let i = 0; i < ENQUEUE_TRIES; i++) {
+      let rows: Record<string, unknown>[];
+      try {
+        rows = await this.#query(
+          this.#sql.enqueue,
+          [this.#queue],
+          "runlock_queue_enqueue",
+          this.#call.host.statementTimeout,
+        );
+      } catch (err) {
+        if (this.#session.lost !== undefined || this.#call.signal?.aborted) {
+          throw err;
+        }
+        break; // e.g. tickets overflowed: wait the old way
+      }
+      if (rows[0]?.ok === true) {
+        this.ticket = rows[0].ticket as number;
+        return;
+      }
+    }
+    this.#usable = false;
+  }
+
+  /** Lets go of our node (the lock was taken by the try). */
+  async leave(): Promise<void> {
+    if (this.ticket === undefined) return;
+    const ticket = this.ticket;
+    this.ticket = undefined;
+    await this.#session.query(
+      this.#sql.unlockNode,
+      [this.#queue, ticket],
+      "runlock_queue_leave",
+      false,
+      this.#call.host.statementTimeout,
+    );
+  }
+
+  /** Drops every advisory lock of the session (it holds no lock of ours). */
+  async leaveAll(): Promise<void> {
+    this.ticket = undefined;
+    await this.#session.query(
+      this.#call.host.sql.unlockAll,
+      [],
+      "runlock_unlock_all",
+      false,
+      this.#call.host.statementTimeout,
+    );
+  }
+}
+
+/**
+ * One slice of waiting on the key itself (outside the queue, as older
+ * versions wait). Returns the record row when the lock was taken,
+ * undefined when the slice ran out (lock_timeout).
+ */
+async function waitOnKey(
+  call: Call,
+  session: Session,
+  slice: number,
+  late: number,
+): Promise<Record<string, unknown> | undefined> {
+  try {
+    const rows = await attempt(
+      call,
+      session,
+      call.host.sql.waitAcquire,
+      [...call.params, String(slice)],
+      "runlock_wait",
+      late,
+    );
+    return rows.length > 0 ? rows[0] : undefined;
+  } catch (err) {
+    if (sqlState(err) === "55P03") return undefined; // lock_not_available
+    throw err;
   }
 }
 
@@ -207,100 +605,54 @@ function lockOn(
  * lock the failed statement took: session-level advisory locks survive
  * the rollback of the statement that took them (PostgreSQL manual
  * §13.3.5), so a collision or a lock_timeout on the row after the lock
- * was granted would otherwise leave this session holding it.
+ * was granted would otherwise leave this session holding it. (Used
+ * outside the queue only: it drops a queue node too.)
  */
 async function attempt(
-  host: AcquireHost,
+  call: Call,
   session: Session,
-  name: string,
-  key: bigint,
   text: string,
   params: unknown[],
   statement: string,
-  timeout = host.statementTimeout,
+  timeout = call.host.statementTimeout,
 ): Promise<Record<string, unknown>[]> {
+  call.signal?.throwIfAborted();
   try {
     return await session.query(text, params, statement, false, timeout);
   } catch (err) {
-    if (session.lost !== undefined) throw err;
+    // An aborted acquire ends its session, which drops everything.
+    if (session.lost !== undefined || call.signal?.aborted) throw err;
     await session.query(
-      host.sql.unlockAll,
+      call.host.sql.unlockAll,
       [],
       "runlock_unlock_all",
       false,
-      host.statementTimeout,
+      call.host.statementTimeout,
     );
-    if (sqlState(err) === "23505") {
-      // unique_violation on `key`: another name's row has our key.
-      const found = await find(
-        session,
-        host.sql,
-        host.statementTimeout,
-        name,
-        key,
-        lockTagOf(key),
-      );
-      throw new KeyCollisionError(name, found.other ?? "(unknown)", key, {
-        cause: err,
-      });
-    }
+    if (sqlState(err) === "23505") throw await collision(call, session, err);
     throw err;
   }
 }
 
-/**
- * One slice of waiting in pg_advisory_lock. Returns the record row when
- * the lock was taken, undefined when the slice ran out (lock_timeout).
- * An abort cancels the statement (CancelRequest); the session is then
- * closed, never reused, so a late cancel cannot hit a later statement.
- */
-async function wait(
-  host: AcquireHost,
+/** The KeyCollisionError for a unique_violation on `key`. */
+async function collision(
+  call: Call,
   session: Session,
-  name: string,
-  key: bigint,
-  params: unknown[],
-  signal: AbortSignal | undefined,
-): Promise<Record<string, unknown> | undefined> {
-  let canceled: Promise<void> | undefined;
-  const abort = () => canceled = session.cancel();
-  signal?.addEventListener("abort", abort, { once: true });
-  let rows: Record<string, unknown>[] | undefined;
-  let failure: unknown;
-  try {
-    // The server answers by the end of the slice (lock_timeout); no
-    // answer by then plus a heartbeat timeout means it is unreachable.
-    rows = await attempt(
-      host,
-      session,
-      name,
-      key,
-      host.sql.waitAcquire,
-      params,
-      "runlock_wait",
-      Number(params[6]) + host.heartbeatTimeout,
-    );
-  } catch (err) {
-    failure = err;
-  } finally {
-    signal?.removeEventListener("abort", abort);
-  }
-  if (canceled !== undefined) {
-    await canceled;
-    if (rows !== undefined && rows.length > 0) {
-      // The lock was granted just before the cancel took effect.
-      await session.query(
-        host.sql.release,
-        [name, rows[0].fence],
-        "runlock_release",
-      ).catch(() => {});
-    }
-    session.destroy("was closed after a canceled wait");
-    throw signal!.reason;
-  }
-  if (failure !== undefined) {
-    if (sqlState(failure) === "55P03") return undefined; // lock_not_available
-    throw failure;
-  }
-  return rows!.length > 0 ? rows![0] : undefined;
+  err: unknown,
+): Promise<KeyCollisionError> {
+  // unique_violation on `key`: another name's row has our key.
+  const found = await find(
+    session,
+    call.host.sql,
+    call.host.statementTimeout,
+    call.name,
+    call.key,
+    call.tag,
+  );
+  return new KeyCollisionError(
+    call.name,
+    found.other ?? "(unknown)",
+    call.key,
+    { cause: err },
+  );
 }
