@@ -54,13 +54,17 @@ function waitersOf(url: string, user: string): number {
   ));
 }
 
-/** Advisory locks granted to sessions of `user`. */
+/**
+ * Advisory locks on bigint keys (objsubid 1: lock names, not the waiting
+ * queue's two-int4 nodes) granted to sessions of `user`.
+ */
 function grantedTo(url: string, user: string): number {
   return Number(psql(
     url,
     `SELECT count(*) FROM pg_catalog.pg_locks l
        JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid
-      WHERE l.locktype = 'advisory' AND l.granted AND a.usename = :'user'`,
+      WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+        AND a.usename = :'user'`,
     { user },
   ));
 }
@@ -134,6 +138,14 @@ describe("postgres backend on non-default server, role and database settings", {
          LANGUAGE sql AS $$ INSERT INTO evil.calls VALUES ('pg_try_advisory_lock'); SELECT true $$;
        CREATE FUNCTION evil.pg_advisory_lock(bigint) RETURNS void
          LANGUAGE sql AS $$ INSERT INTO evil.calls VALUES ('pg_advisory_lock') $$;
+       CREATE FUNCTION evil.pg_try_advisory_lock(integer, integer) RETURNS boolean
+         LANGUAGE sql AS $$ INSERT INTO evil.calls VALUES ('pg_try_advisory_lock(int, int)'); SELECT true $$;
+       CREATE FUNCTION evil.pg_advisory_lock(integer, integer) RETURNS void
+         LANGUAGE sql AS $$ INSERT INTO evil.calls VALUES ('pg_advisory_lock(int, int)') $$;
+       CREATE FUNCTION evil.pg_advisory_unlock(integer, integer) RETURNS boolean
+         LANGUAGE sql AS $$ INSERT INTO evil.calls VALUES ('pg_advisory_unlock(int, int)'); SELECT true $$;
+       CREATE FUNCTION evil.pg_advisory_unlock(bigint) RETURNS boolean
+         LANGUAGE sql AS $$ INSERT INTO evil.calls VALUES ('pg_advisory_unlock'); SELECT true $$;
        CREATE FUNCTION evil.pg_advisory_unlock_all() RETURNS void
          LANGUAGE sql AS $$ INSERT INTO evil.calls VALUES ('pg_advisory_unlock_all') $$;
        CREATE FUNCTION evil.pg_backend_pid() RETURNS integer
@@ -181,6 +193,7 @@ describe("postgres backend on non-default server, role and database settings", {
       await waitFor(
         () => waitersOf(url, user) >= 1,
         "the waiter waits in pg_advisory_lock",
+        120_000, // a hang detector: a child starts on a loaded machine
       );
       await first.release();
       const got = await waiter.expect("acquired");
@@ -207,15 +220,17 @@ describe("postgres backend on non-default server, role and database settings", {
     );
   });
 
-  // Case 10: DateStyle.
-  test("acquiredAt and inspect().started are real Dates (the record's time) for roles with DateStyle 'SQL, DMY' and 'German'", async () => {
-    for (
-      const [user, style] of [["rl_sql_dmy", "SQL, DMY"], [
-        "rl_german",
-        "German",
-      ]]
-    ) {
-      const u = role(user, [`DateStyle = '${style}'`]);
+  // Case 10: DateStyle (and TimeZone, which ISO output carries as an offset).
+  test("acquiredAt and inspect().started are real Dates (the record's time) for roles with DateStyle 'SQL, DMY', and 'German' with TimeZone 'Asia/Kathmandu'", async () => {
+    const roles = [
+      { user: "rl_sql_dmy", style: "SQL, DMY", zone: undefined },
+      { user: "rl_german", style: "German", zone: "Asia/Kathmandu" },
+    ];
+    for (const { user, style, zone } of roles) {
+      const u = role(user, [
+        `DateStyle = '${style}'`,
+        ...(zone ? [`TimeZone = '${zone}'`] : []),
+      ]);
       assert.match(
         psql(u, "SHOW DateStyle"),
         new RegExp(`^${style.split(",")[0]}`),
@@ -240,6 +255,35 @@ describe("postgres backend on non-default server, role and database settings", {
       );
       assert.equal(info.started.getTime(), recorded, style);
     }
+  });
+
+  // A guard, not a fix of runlock's: node-postgres sends client_encoding
+  // UTF8 in every startup packet (pg-protocol's serializer), which wins
+  // over the role's and the database's encoding. Were that to change,
+  // names and meta would be stored mangled and read as another's.
+  test("a role with client_encoding 'LATIN1' records a non-ASCII name and meta as they are: another role's inspect finds them held", async () => {
+    const user = "rl_latin1";
+    const u = role(user, ["client_encoding = 'LATIN1'"]);
+    assert.equal(psql(u, "SHOW client_encoding"), "LATIN1");
+    const name = unique("café-ü-€");
+    const meta = { cmd: "naïve ☃" };
+    await using locks = pgLocks(u, { schema: user });
+    await using lock = await locks.acquire(name, { meta });
+    assert.equal(
+      psql(
+        url,
+        `SELECT name || ' ' || (meta->>'cmd') FROM ${user}.runlock_locks WHERE fence = :'fence'`,
+        { fence: String(lock.fence) },
+      ),
+      `${name} ${meta.cmd}`,
+    );
+    await using other = pgLocks(url, { schema: user }); // a UTF8 session
+    const info = await other.inspect(name);
+    assert.equal(info.state, "held");
+    assert.equal(info.foreign, false, info.reason);
+    assert.equal(info.pid, process.pid);
+    assert.deepEqual(info.meta, meta);
+    assert.deepEqual((await locks.inspect(name)).meta, meta);
   });
 
   // Case 10: privileges.
@@ -337,6 +381,7 @@ describe("postgres backend on non-default server, role and database settings", {
         await waitFor(
           () => waitersOf(url, user) >= 3,
           `3 waiters of ${user} in pg_advisory_lock`,
+          120_000, // a hang detector: six children start on a loaded machine
         );
         // Each waiter's first event: "acquired", or the error it died of.
         const pending = new Map(
