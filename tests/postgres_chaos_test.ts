@@ -1,0 +1,76 @@
+// The short chaos run (the long one is `deno task chaos:postgres`): workers
+// loop acquire -> write to a register guarded by the fence -> release on a
+// server of their own, while a fault injector SIGKILLs and SIGSTOPs holders,
+// SIGSTOPs waiters, ends holders' sessions, restarts the server fast and
+// immediate, crashes the postmaster (SIGQUIT, SIGKILL), cuts a holder's
+// link (as root), and the workers' role has synchronous_commit = off for
+// half of the run. The log must keep every rule of
+// tests/fixtures/chaos_check.ts. Under Deno only (the workers are separate
+// processes: with RUNLOCK_INTEROP_SCRATCH, Deno, Node and Bun ones);
+// RUNLOCK_CHAOS_SECONDS sets the length (default 20).
+import assert from "node:assert/strict";
+import { join } from "node:path";
+import process from "node:process";
+import { describe, test } from "node:test";
+import { runtime } from "./_helpers.ts";
+import { summary } from "./fixtures/chaos_check.ts";
+import { chaos, KINDS, violationCount } from "./fixtures/chaos_run.ts";
+import { findPgBin } from "./fixtures/pg_cluster.ts";
+
+const seconds = Number(process.env.RUNLOCK_CHAOS_SECONDS ?? 20);
+const scratch = process.env.RUNLOCK_INTEROP_SCRATCH;
+const skip = runtime !== "deno"
+  ? "run under Deno (its workers are processes of any runtime)"
+  : findPgBin() === undefined
+  ? "no PostgreSQL binaries (the run crashes a server of its own)"
+  : false;
+if (skip && runtime === "deno") {
+  console.error(`postgres chaos skipped: ${skip}`);
+}
+
+function workers(): { runtime: string; command: string[] | undefined }[] {
+  if (!scratch) {
+    return Array.from({ length: 4 }, () => ({ runtime, command: undefined }));
+  }
+  const fixture = join(scratch, "tests-esm", "fixtures", "chaos_worker.js");
+  const bun = join(scratch, "node_modules", ".bin", "bun");
+  return [
+    { runtime: "deno", command: undefined },
+    { runtime: "node", command: ["node", fixture] },
+    { runtime: "bun", command: [bun, fixture] },
+    { runtime: "deno", command: undefined },
+  ];
+}
+
+describe("postgres chaos", { skip }, () => {
+  test(
+    `a fenced register under ${seconds} s of random faults (${
+      KINDS.join(", ")
+    }, synchronous_commit = off on the role for half of it): fences only grow, the register accepts no stale write, every overlap is a loss the older holder reported, every loss has a fault behind it, every acquire ends with the lock or its timeout, none waits past its timeout by more than its slice of the faults`,
+    async () => {
+      const report = await chaos({
+        seconds,
+        workers: workers(),
+        every: 1_200,
+        phase: seconds / 2,
+        say: (line) => console.log(line),
+      });
+      console.log(summary(report));
+      if (report.netnsSkipped) {
+        console.error(`*** cut-link fault skipped: ${report.netnsSkipped} ***`);
+      }
+      assert.deepEqual(report.violations, []);
+      assert.equal(violationCount(report), 0);
+      // The run did what it says (it goes on past `seconds` until it has).
+      assert.deepEqual(report.kindsMissing, []);
+      assert.ok(
+        report.crashesWithSyncCommitOff >= 1,
+        "no crash with synchronous_commit = off",
+      );
+      assert.ok(
+        report.acquisitions > 100,
+        `${report.acquisitions} acquisitions`,
+      );
+    },
+  );
+});
