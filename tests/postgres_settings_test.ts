@@ -286,6 +286,61 @@ describe("postgres backend on non-default server, role and database settings", {
     assert.deepEqual((await locks.inspect(name)).meta, meta);
   });
 
+  // The URL is the caller's, but node-postgres would let its `options`
+  // replace every pinned setting, and its statement_timeout (sent after
+  // them) override ours.
+  test("settings in the URL do not undo the pinned ones: its options' DateStyle leaves acquiredAt a Date, its statement_timeout and query_timeout cut no wait, and its other parameters (application_name) still apply", async () => {
+    const user = "rl_urlopts";
+    const plain = role(user);
+    const options = encodeURIComponent("-c DateStyle=German");
+    const u = `${plain}?options=${options}&statement_timeout=200` +
+      `&application_name=from%20the%20url&query_timeout=300`;
+    const json = JSON.stringify({ schema: user });
+    const name = unique("urlopts");
+    await using locks = pgLocks(plain, { schema: user });
+    const first = await locks.acquire(name);
+    const waiter = child("hold", u, name, "60000", json);
+    try {
+      // Waiting past both timeouts: its wait statement has run for 1 s.
+      await waitFor(
+        async () => {
+          if (!waiter.running) {
+            const said = await waiter.next().catch((e) => e);
+            throw new Error(`the waiter exited: ${JSON.stringify(said)}`);
+          }
+          return Number(psql(
+            url,
+            `SELECT count(*) FROM pg_catalog.pg_stat_activity
+              WHERE usename = :'user' AND wait_event_type = 'Lock'
+                AND application_name = 'from the url'
+                AND now() - query_start > interval '1 s'`,
+            { user },
+          )) >= 1;
+        },
+        "the waiter waits past statement_timeout and query_timeout",
+        120_000, // a hang detector: a child starts on a loaded machine
+      );
+      await first.release();
+      const got = await waiter.expect("acquired");
+      assert.ok(BigInt(got.fence as string) > first.fence);
+      waiter.send("release");
+      await waiter.expect("released");
+    } finally {
+      await waiter.kill();
+    }
+    await using viaUrl = pgLocks(u, { schema: user });
+    await using lock = await viaUrl.acquire(unique("urlopts-date"));
+    assert.ok(
+      lock.acquiredAt instanceof Date,
+      `acquiredAt is ${lock.acquiredAt}`,
+    );
+    assert.ok(Number.isFinite(lock.acquiredAt.getTime()));
+    assert.throws(
+      () => pgLocks(`${plain}?options=endpoint%3Dep-1`),
+      /may hold only -c name=value settings/,
+    );
+  });
+
   // Case 10: privileges.
   test("a role that may not create runlock's table gets a RunlockError naming the table, the grant that fixes it and the DDL to run once; `runlock db-setup` prints that DDL, and with only SELECT, INSERT and UPDATE on the table the role takes locks", async () => {
     const user = "rl_nocreate";

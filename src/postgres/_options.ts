@@ -6,6 +6,7 @@ import process from "node:process";
 import { RunlockError } from "../errors.ts";
 import { granted } from "./_deno.ts";
 import { CreateRefused } from "./_schema.ts";
+import { optionValue } from "./_sql.ts";
 import { describe, isSessionError, sqlState } from "./_session.ts";
 import type { PgLocksOptions } from "./types.ts";
 
@@ -55,6 +56,82 @@ export interface Target {
   host: string;
   port: string;
   password: string;
+  /**
+   * The URL to connect with: the caller's, less the query parameters that
+   * would override runlock's pinned session settings (see `urlSettings`).
+   */
+  connectUrl: string;
+  /**
+   * The `-c name=value` settings of the URL's `options` parameter, to send
+   * before runlock's own (which win for the same name), written as the
+   * startup "options" string needs them.
+   */
+  settings: Record<string, string>;
+}
+
+/**
+ * Query parameters node-postgres acts on that would undo what a lock
+ * session needs, with why: each overrides a setting runlock pins (they
+ * are sent after the "options" string, and the server keeps the last
+ * value), or breaks the client's reading of its rows. They are left out
+ * of a lock session's URL; the caller's other sessions keep them.
+ */
+const DROPPED_PARAMS = [
+  "statement_timeout", // would cut a wait, which is one long statement
+  "lock_timeout", // the same; our waits set it per statement
+  "idle_in_transaction_session_timeout",
+  "query_timeout", // the client's own timer: it would reject a wait
+  "client_encoding", // the client would decode UTF-8 (which it asks for) as another
+  "binary", // binary rows: the statements are written for text ones
+];
+
+/**
+ * Splits the URL's `options` parameter as the server does (at whitespace;
+ * a backslash keeps the next character) and keeps its `-c name=value` and
+ * `--name=value` settings, re-escaped. Anything else (a server switch, a
+ * pooler's own option) is a TypeError: runlock sends the options itself.
+ */
+function urlSettings(
+  options: string,
+  url: string,
+): Record<string, string> {
+  const words: string[] = [];
+  let word: string | undefined;
+  for (let i = 0; i < options.length; i++) {
+    const c = options[i];
+    if (/\s/.test(c)) {
+      if (word !== undefined) words.push(word);
+      word = undefined;
+    } else if (c === "\\" && i + 1 < options.length) {
+      word = (word ?? "") + options[++i];
+    } else {
+      word = (word ?? "") + c;
+    }
+  }
+  if (word !== undefined) words.push(word);
+  const settings: Record<string, string> = {};
+  for (let i = 0; i < words.length; i++) {
+    const w = words[i];
+    const setting = w === "-c"
+      ? words[++i]
+      : w.startsWith("-c")
+      ? w.slice(2)
+      : w.startsWith("--")
+      ? w.slice(2)
+      : undefined;
+    const eq = setting?.indexOf("=") ?? -1;
+    if (setting === undefined || eq <= 0) {
+      throw new TypeError(
+        `Cannot create pgLocks as the 'options' parameter of 'url' may hold only -c name=value settings (runlock sends its own session options): current value is ${
+          JSON.stringify(redact(url))
+        }`,
+      );
+    }
+    settings[setting.slice(0, eq).replaceAll("-", "_")] = optionValue(
+      setting.slice(eq + 1),
+    );
+  }
+  return settings;
 }
 
 /** Checks and reads the caller's URL. */
@@ -100,6 +177,22 @@ export function parseUrl(url: unknown): Target {
     "";
   const database = decode(u.pathname.replace(/^\//, ""), "database name") ||
     user;
+  // node-postgres takes every query parameter as a client option, and an
+  // `options` parameter replaces the one runlock sends: its settings are
+  // kept (sent first), the parameters that would undo a pinned setting
+  // are dropped (DROPPED_PARAMS).
+  const settings = urlSettings(
+    u.searchParams.get("options") ?? "",
+    url as string,
+  );
+  let connectUrl = url as string;
+  const drop = ["options", ...DROPPED_PARAMS].filter((p) =>
+    u.searchParams.has(p)
+  );
+  if (drop.length > 0) {
+    for (const p of drop) u.searchParams.delete(p);
+    connectUrl = u.toString();
+  }
   return {
     text: `${host}:${port}, database ${JSON.stringify(database)}, user ${
       JSON.stringify(user)
@@ -108,6 +201,8 @@ export function parseUrl(url: unknown): Target {
     host,
     port,
     password,
+    connectUrl,
+    settings,
   };
 }
 
