@@ -65,11 +65,12 @@ class PgLocksImpl implements PgLocks, AcquireHost, LockOwner {
     this.sql = statements(this.#schema);
     const o = this.#options;
     this.#config = {
-      url,
+      url: this.#target.connectUrl,
       connectTimeout: o.connectTimeout,
       // The settings pinned in the startup packet, which win over the
-      // role's, the database's and the server's (see _sql.ts).
-      settings: sessionSettings(o),
+      // role's, the database's, the server's and the URL's (sent after
+      // the URL's own `options`; see _sql.ts and _options.ts).
+      settings: { ...this.#target.settings, ...sessionSettings(o) },
     };
   }
 
