@@ -375,6 +375,14 @@ describe("postgres backend on non-default server, role and database settings", {
       );
       assert.match(m, /CREATE SCHEMA IF NOT EXISTS "rl_absent"/, m);
     }
+    // Another schema: CREATE SCHEMA too; no role, no grants; usage errors.
+    const ops = cli("db-setup", "--schema=ops");
+    assert.equal(ops.code, 0, ops.stderr);
+    assert.match(ops.stdout, /CREATE SCHEMA IF NOT EXISTS "ops";/);
+    assert.doesNotMatch(ops.stdout, /^GRANT/m);
+    const bad = cli("db-setup", "--schema=", "extra");
+    assert.equal(bad.code, 2);
+    assert.match(bad.stderr, /db-setup/);
     // The DDL, printed by the CLI, run once by the owner (here: postgres).
     const setup = cli("db-setup", `--db=${u}`);
     assert.equal(setup.code, 0, setup.stderr);
