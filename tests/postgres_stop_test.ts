@@ -56,6 +56,8 @@ function cliHasPostgres(): boolean {
   }
 }
 
+const shipped = cliHasPostgres();
+
 let counter = 0;
 /** A lock name no other test (or earlier run) uses. */
 function unique(label: string): string {
@@ -169,7 +171,7 @@ describe("a stopped PostgreSQL waiter", { skip: !hasServer }, () => {
     url = cluster.url;
     scenarios.waiter = started(stoppedWaiter);
     scenarios.holder = started(stoppedHolder);
-    scenarios.cli = started(stoppedCli);
+    if (shipped) scenarios.cli = started(stoppedCli);
     scenarios.frozenWaiter = started(frozenWaiter);
     scenarios.frozenHolder = started(frozenHolder);
   });
@@ -256,12 +258,6 @@ describe("a stopped PostgreSQL waiter", { skip: !hasServer }, () => {
   }
 
   async function stoppedCli(): Promise<void> {
-    if (!cliHasPostgres()) {
-      console.error(
-        `the npm package does not export runlock/postgres: runlock run --wait --db under Ctrl-Z is NOT tested with this ${cliRuntime} bin`,
-      );
-      return;
-    }
     const name = unique("cli");
     await using locks = pgLocks(url);
     const held = await locks.acquire(name);
@@ -388,9 +384,16 @@ describe("a stopped PostgreSQL waiter", { skip: !hasServer }, () => {
     await scenarios.holder;
   });
 
-  test("runlock run --wait --db stopped by Ctrl-Z in a job-control shell is granted the lock while stopped; after fg past its statement deadline it runs the command and exits with its status", async () => {
-    await scenarios.cli;
-  });
+  test(
+    "runlock run --wait --db stopped by Ctrl-Z in a job-control shell is granted the lock while stopped; after fg past its statement deadline it runs the command and exits with its status",
+    {
+      skip: !shipped &&
+        `the npm package does not export runlock/postgres: not tested with this ${cliRuntime} bin`,
+    },
+    async () => {
+      await scenarios.cli;
+    },
+  );
 
   test("control: a waiter stopped and continued whose server stopped answering (a frozen connection) still fails with 'did not answer a statement', within its deadline of the resume", async () => {
     console.log(await scenarios.frozenWaiter);
