@@ -27,13 +27,17 @@
 //   [stats]     §28.2.3 pg_stat_activity (backend_xmin)
 //   [search]    §5.9.3 The Schema Search Path ("pg_catalog ... is
 //               searched after ... if it is listed later in the path"),
-//               §10.2.1 and §10.3.1 (operators and functions resolved
+//               §10.2 Operators and §10.3 Functions (both resolved
 //               through the path)
-//   [options]   §20.1.4 Parameter Interaction via the Shell, and §55.2.1
-//               StartupMessage, "options" (spaces in a value escaped
-//               with a backslash)
-//   [guc]       §20.1.3 (a value set per connection overrides ALTER
-//               ROLE/DATABASE ... SET and postgresql.conf)
+//   [options]   §55.7 Message Formats, StartupMessage "options" (spaces
+//               separate arguments unless escaped with a backslash), as
+//               libpq's PGOPTIONS (§20.1.4)
+//   [guc]       PostgreSQL's src/include/utils/guc.h, enum GucSource: a
+//               value from the client at connection start (PGC_S_CLIENT)
+//               ranks above ALTER ROLE/DATABASE ... SET (PGC_S_USER,
+//               PGC_S_DATABASE, PGC_S_DATABASE_USER), ALTER SYSTEM and
+//               postgresql.conf (PGC_S_FILE); tested, one setting each,
+//               in tests/postgres_settings_test.ts
 
 /**
  * The server settings every runlock session starts with, sent in the
