@@ -28,18 +28,19 @@ if (skip && runtime === "deno") {
   console.error(`postgres chaos skipped: ${skip}`);
 }
 
+/** Deno workers; with the scratch project, Node and Bun ones too. */
 function workers(): { runtime: string; command: string[] | undefined }[] {
-  if (!scratch) {
-    return Array.from({ length: 4 }, () => ({ runtime, command: undefined }));
-  }
-  const fixture = join(scratch, "tests-esm", "fixtures", "chaos_worker.js");
-  const bun = join(scratch, "node_modules", ".bin", "bun");
-  return [
-    { runtime: "deno", command: undefined },
-    { runtime: "node", command: ["node", fixture] },
-    { runtime: "bun", command: [bun, fixture] },
-    { runtime: "deno", command: undefined },
-  ];
+  const at = (...parts: string[]) => join(scratch ?? "", ...parts);
+  const worker = at("tests-esm", "fixtures", "chaos_worker.js");
+  const commands: Record<string, string[] | undefined> = {
+    node: ["node", worker],
+    bun: [at("node_modules", ".bin", "bun"), worker],
+  };
+  const runtimes = scratch ? ["deno", "node", "bun", "deno"] : [runtime];
+  return Array.from({ length: 4 }, (_, i) => {
+    const rt = runtimes[i % runtimes.length];
+    return { runtime: rt, command: commands[rt] };
+  });
 }
 
 describe("postgres chaos", { skip }, () => {
