@@ -11,13 +11,12 @@ import { acquire, type AcquireHost } from "./_acquire.ts";
 import { granted } from "./_deno.ts";
 import { keyOf, lockTagOf } from "./_key.ts";
 import { hereKey, type LockOwner, PgLockImpl } from "./_lock.ts";
+import { connectError, refused } from "./_messages.ts";
 import {
   checkName,
   checkOptions,
-  connectError,
   type Options,
   parseUrl,
-  refused,
   type Target,
 } from "./_options.ts";
 import { find, type Found, interpret } from "./_probe.ts";

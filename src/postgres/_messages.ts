@@ -1,0 +1,115 @@
+// The messages that name the server (never the password): a connection
+// that failed, a statement the server refused, saying what to do where the
+// cause is one of the server's settings or privileges.
+import { RunlockError } from "../errors.ts";
+import type { Options, Target } from "./_options.ts";
+import { CreateRefused } from "./_schema.ts";
+import { describe, isSessionError, sqlState } from "./_session.ts";
+
+/** Replaces the URL's password in `text` with `***`. */
+export function scrub(target: Target, text: string): string {
+  const pw = target.password;
+  return pw.length >= 3 ? text.replaceAll(pw, "***") : text;
+}
+
+/**
+ * A RunlockError for a statement the server refused, saying what to do
+ * where the cause is a setting or a privilege of the server's.
+ */
+export function refused(
+  target: Target,
+  name: string,
+  action: string,
+  err: unknown,
+): RunlockError {
+  if (err instanceof RunlockError) return err;
+  if (err instanceof CreateRefused) {
+    // The grant, and the DDL to run once (see _schema.ts).
+    return new RunlockError(
+      name,
+      scrub(
+        target,
+        `${name}: cannot ${action}: PostgreSQL at ${target.text} ${err.message}`,
+      ),
+      { cause: err.cause },
+    );
+  }
+  const how = isSessionError(err)
+    ? "lost the connection to"
+    : "got an error from";
+  const state = sqlState(err);
+  const advice = state === "25006"
+    // read_only_sql_transaction. runlock's sessions pin
+    // default_transaction_read_only = off (see sessionSettings), so a
+    // role or database setting cannot cause it: the server is in
+    // recovery (a hot standby), or a pooler sent us to one.
+    ? ": the server accepts no writes, as a hot standby (a replica in recovery) does; " +
+      "runlock writes a record with each lock, and an advisory lock taken on a standby " +
+      "excludes no one on the primary: point the URL at the primary"
+    : state === "42501"
+    // insufficient_privilege on the table (creating it is CreateRefused).
+    ? ": the role needs USAGE on the schema and SELECT, INSERT and UPDATE on its " +
+      "runlock_locks table (`runlock db-setup --db=URL` prints the grants)"
+    : "";
+  return new RunlockError(
+    name,
+    scrub(
+      target,
+      `${name}: cannot ${action}: ${how} PostgreSQL at ${target.text}: ${
+        describe(err)
+      }${advice}`,
+    ),
+    { cause: err },
+  );
+}
+
+/**
+ * A RunlockError for a connection that failed, saying why in words.
+ * `purpose`: the session is for a lock (acquire) or for probes (inspect,
+ * held, activePid), which the message names when the server is full.
+ */
+export function connectError(
+  target: Target,
+  options: Options,
+  name: string,
+  err: unknown,
+  purpose: "lock" | "probe" = "lock",
+): RunlockError {
+  const code = (err as { code?: unknown } | null)?.code;
+  const message = describe(err);
+  const reason = code === "ECONNREFUSED"
+    ? "connection refused (is the server running, and listening there?)"
+    : code === "ENOTFOUND" || code === "EAI_AGAIN"
+    ? "the host name does not resolve"
+    : /timeout/i.test(message)
+    ? `no answer within ${options.connectTimeout} ms`
+    : code === "28P01"
+    ? "password authentication failed (check the password in the URL)"
+    : /unrecognized configuration parameter "idle_session_timeout"/.test(
+        message,
+      )
+    ? "the server is older than PostgreSQL 14, which runlock needs"
+    : code === "53300"
+    // too_many_connections: max_connections (less the reserved slots),
+    // or a CONNECTION LIMIT of the role or the database, is reached.
+    ? `the server has no free connection (${message}): max_connections, or a ` +
+      `CONNECTION LIMIT of the role or the database, is reached; ${
+        purpose === "probe"
+          ? "inspect needs a session of its own (one per pgLocks object, kept for later probes)"
+          : "each held lock needs a session of its own, for as long as it is held"
+      }. Release locks or close other sessions, or raise the limit`
+    : /unsupported startup parameter/i.test(message)
+    // PgBouncer refuses the "options" runlock pins its settings with.
+    ? `${message}: a connection pooler refused the session settings runlock ` +
+      `sends at startup (options: -c ...); connect to the server itself (a ` +
+      `lock is a session, which a pooler cannot promise)`
+    : message;
+  return new RunlockError(
+    name,
+    scrub(
+      target,
+      `${name}: cannot connect to PostgreSQL at ${target.text}: ${reason}`,
+    ),
+    { cause: err },
+  );
+}
