@@ -17,11 +17,13 @@
 //   its own still held), a lock nobody else waits on, so a slice that runs
 //   out and a wait that starts again lose nothing; when that node is let
 //   go of (its holder was granted the lock, gave up, was aborted, or its
-//   session ended), it looks for its predecessor again;
+//   session ended), it looks for its predecessor again, in the same
+//   statement, and waits on the key if it has none;
 // - the head (no predecessor) waits on the name's key; when granted it, it
 //   lets go of its node in the same statement, so its successor becomes
-//   the head and waits on the key while it holds the lock, and the server
-//   hands the lock over the instant it is released, as before.
+//   the head and waits on the key while it holds the lock (before its
+//   answer has even reached it: no round trip of ours in between), and
+//   the server hands the lock over the instant it is released, as before.
 // Tickets need no durability: a node lives only as long as its session,
 // and a server restart ends every session, so every waiter queues again
 // (in the order it reconnects). What can still go out of order: an
@@ -111,6 +113,8 @@ interface Call {
   tag: { classid: string; objid: string };
   /** The acquire statements' $1-$6. */
   params: unknown[];
+  /** Whether it may wait (a timeout above 0). */
+  waits: boolean;
   deadline: number;
   signal: AbortSignal | undefined;
 }
@@ -157,6 +161,7 @@ export async function acquire(
       JSON.stringify(meta),
     ],
     deadline: performance.now() + timeout,
+    waits: timeout > 0,
     signal,
   };
   // Set once a session of ours was lost with time left: from then on a
@@ -311,7 +316,7 @@ async function acquireOn(
   if (failure !== undefined) {
     // Leave the queue before the session goes back to the pool: our node
     // would hold up every waiter behind it.
-    if (queue.ticket !== undefined && session.lost === undefined) {
+    if (queue.joined && session.lost === undefined) {
       await queue.leaveAll().catch(() => session.destroy());
     }
     throw failure;
@@ -328,19 +333,28 @@ async function takeOrWait(
   const { host, name, key, tag, signal } = call;
   for (let spins = 0;;) {
     signal?.throwIfAborted();
+    // An acquire that may wait and is not queued yet takes the lock only
+    // if nobody is queued for it; a queued one, at the end of a slice,
+    // takes it if it is free (a predecessor that is stopped, or of another
+    // name, would hold it up for longer); one that may not wait, if free.
+    const unqueued = call.waits && queue.ticket === undefined;
     const rows = await attempt(
       call,
       session,
-      host.sql.tryAcquire,
-      call.params,
-      "runlock_try",
+      unqueued ? queue.sql.tryUnqueued : host.sql.tryAcquire,
+      unqueued ? [...call.params, queue.number] : call.params,
+      unqueued ? "runlock_try_unqueued" : "runlock_try",
     );
-    if (rows.length > 0) {
-      // At the end of a slice, a queued waiter may find the lock free (a
-      // predecessor that is stopped, or of another name): it is ours.
+    const tried = rows[0];
+    if (tried !== undefined && tried.fence !== null) {
       await queue.leave();
-      return rows[0];
+      return tried;
     }
+    if (unqueued && tried?.queued === true) queue.adopt(tried.ticket as number);
+    // Others are queued, or we are: the lock may be free for a moment, on
+    // its way to the queue's head.
+    const queued = unqueued &&
+      (tried?.empty === false || tried?.queued === true);
     signal?.throwIfAborted();
     const found = await find(
       session,
@@ -353,13 +367,19 @@ async function takeOrWait(
     if (found.other !== undefined && found.info.state === "invalid") {
       throw new KeyCollisionError(name, found.other, key);
     }
-    if (found.info.state !== "held") {
+    const held = found.info.state === "held";
+    if (!held && !queued) {
       // It was released between our two statements: try again.
       if (++spins >= MAX_SPINS) throw new ContendedError(name, spins);
       continue;
     }
-    if (!timeLeft(call)) throw heldError(name, found.info);
-    const since = heldByThisProcess(host.here(name), found.info);
+    if (!timeLeft(call)) {
+      if (held) throw heldError(name, found.info);
+      throw new ContendedError(name, ++spins);
+    }
+    const since = held
+      ? heldByThisProcess(host.here(name), found.info)
+      : undefined;
     if (since !== undefined) {
       // Another acquire in this process won meanwhile: do not wait on it.
       throw new HeldError(name, process.pid, hostName(), {
@@ -376,9 +396,11 @@ async function takeOrWait(
 class Queue {
   readonly #call: Call;
   readonly #session: Session;
-  readonly #sql: QueueStatements;
+  readonly sql: QueueStatements;
   /** The queue's number: 32 bits of the key, never the DDL lock's. */
-  readonly #queue: number;
+  readonly number: number;
+  /** Whether we tried to join the queue (its marker may be ours). */
+  #joined = false;
   /** Our ticket while we hold our node. */
   ticket: number | undefined;
   /** False once the queue failed us: wait on the key, as before. */
@@ -394,9 +416,9 @@ class Queue {
       if (queueSql.size >= 64) queueSql.clear();
       queueSql.set(schema, sql);
     }
-    this.#sql = sql;
+    this.sql = sql;
     const q = Number(BigInt.asIntN(32, (call.key >> 32n) ^ call.key));
-    this.#queue = q === DDL_KEY ? q ^ 1 : q;
+    this.number = q === DDL_KEY ? q ^ 1 : q;
   }
 
   #query(
@@ -416,6 +438,9 @@ class Queue {
   async wait(): Promise<Record<string, unknown> | undefined> {
     const call = this.#call;
     if (this.ticket === undefined && this.#usable) await this.#enqueue();
+    // Unknown at first: the statement finds it (and waits on the key if
+    // there is none).
+    let pred: number | null = null;
     for (;;) {
       const remaining = call.deadline - performance.now();
       if (remaining <= 0) return undefined;
@@ -426,87 +451,61 @@ class Queue {
       if (this.ticket === undefined) {
         return await waitOnKey(call, this.#session, slice, late);
       }
-      const rows = await this.#query(
-        this.#sql.predecessor,
-        [this.#queue, this.ticket],
-        "runlock_queue_predecessor",
-        call.host.statementTimeout,
-      );
-      const pred = rows[0]?.pred as number | null | undefined;
-      if (pred === null || pred === undefined) {
-        return await this.#head(slice, late);
-      }
+      const ticket = this.ticket;
+      let row: Record<string, unknown> | undefined;
       try {
-        await this.#query(
-          this.#sql.waitNode,
-          [this.#queue, pred, String(slice)],
+        [row] = await this.#query(
+          this.sql.wait,
+          [...call.params, String(slice), this.number, ticket, pred],
           "runlock_queue_wait",
           late,
         );
-        // Our predecessor moved on: look for the next one.
       } catch (err) {
-        // The slice ran out (lock_not_available), or the server broke a
-        // deadlock through our node (two names sharing a queue): the
-        // caller tries the lock, then we wait again, in our place.
-        const state = sqlState(err);
-        if (state === "55P03" || state === "40P01") return undefined;
+        if (this.#session.lost !== undefined || call.signal?.aborted) {
+          throw err;
+        }
+        // Session-level advisory locks outlive the failed statement
+        // (§13.3.5): drop the key if it was granted, and learn whether our
+        // node is still ours (it is unless the key was granted).
+        const [state] = await this.#session.query(
+          this.sql.afterWait,
+          [
+            String(call.key),
+            call.tag.classid,
+            call.tag.objid,
+            this.number,
+            ticket,
+          ],
+          "runlock_queue_after_wait",
+          false,
+          call.host.statementTimeout,
+        );
+        if (state?.node_held !== true) this.ticket = undefined;
+        if (sqlState(err) === "55P03") return undefined; // lock_not_available
+        if (sqlState(err) === "23505") {
+          await this.leaveAll();
+          throw await collision(call, this.#session, err);
+        }
         throw err;
       }
-    }
-  }
-
-  /** The head's slice: waiting on the name's key. */
-  async #head(
-    slice: number,
-    late: number,
-  ): Promise<Record<string, unknown> | undefined> {
-    const call = this.#call;
-    const ticket = this.ticket!;
-    try {
-      const rows = await this.#query(
-        this.#sql.waitHead,
-        [...call.params, String(slice), this.#queue, ticket],
-        "runlock_queue_head",
-        late,
-      );
-      this.ticket = undefined; // let go of in the statement
-      return rows[0];
-    } catch (err) {
-      if (this.#session.lost !== undefined || call.signal?.aborted) throw err;
-      // Session-level advisory locks outlive the failed statement
-      // (§13.3.5): drop the key if it was granted, and learn whether our
-      // node is still ours (it is unless the key was granted).
-      const [state] = await this.#session.query(
-        this.#sql.afterHead,
-        [
-          String(call.key),
-          call.tag.classid,
-          call.tag.objid,
-          this.#queue,
-          ticket,
-        ],
-        "runlock_queue_after_head",
-        false,
-        call.host.statementTimeout,
-      );
-      if (state?.node_held !== true) this.ticket = undefined;
-      if (sqlState(err) === "55P03") return undefined; // lock_not_available
-      if (sqlState(err) === "23505") {
-        await this.leaveAll();
-        throw await collision(call, this.#session, err);
+      if (row?.fence !== null && row?.fence !== undefined) {
+        this.ticket = undefined; // let go of in the statement
+        return row;
       }
-      throw err;
+      // Not the head: our predecessor, to wait for next.
+      pred = row?.pred as number;
     }
   }
 
   /** Takes a ticket and its node; on failure, waits outside the queue. */
   async #enqueue(): Promise<void> {
+    this.#joined = true;
     for (let i = 0; i < ENQUEUE_TRIES; i++) {
       let rows: Record<string, unknown>[];
       try {
         rows = await this.#query(
-          this.#sql.enqueue,
-          [this.#queue],
+          this.sql.enqueue,
+          [this.number],
           "runlock_queue_enqueue",
           this.#call.host.statementTimeout,
         );
@@ -530,12 +529,23 @@ class Queue {
     const ticket = this.ticket;
     this.ticket = undefined;
     await this.#session.query(
-      this.#sql.unlockNode,
-      [this.#queue, ticket],
+      this.sql.unlockNode,
+      [this.number, ticket],
       "runlock_queue_leave",
       false,
       this.#call.host.statementTimeout,
     );
+  }
+
+  /** Takes the ticket (and node and marker) a try took for us. */
+  adopt(ticket: number): void {
+    this.#joined = true;
+    this.ticket = ticket;
+  }
+
+  /** Whether the session may hold a node or the marker of this queue. */
+  get joined(): boolean {
+    return this.#joined;
   }
 
   /** Drops every advisory lock of the session (it holds no lock of ours). */
