@@ -124,9 +124,10 @@ const queueSql = new Map<string, QueueStatements>();
 /**
  * Takes the lock `name` for `host`'s pgLocks object: at once if free,
  * else waiting (in slices, in order of arrival) until `options.timeout`,
- * the signal's abort, or a failure. A session lost while there is time
- * left (a server restart, a terminated backend) is replaced, retrying a
- * server that refuses connections or is starting up until the deadline.
+ * the signal's abort, or a failure. An acquire that may wait replaces a
+ * session the server ended while there is time left (a restart, a crash,
+ * a terminated backend), and retries a server that refuses connections,
+ * is starting up or is shutting down, until its deadline.
  */
 export async function acquire(
   host: AcquireHost,
@@ -164,16 +165,16 @@ export async function acquire(
     waits: timeout > 0,
     signal,
   };
-  // Set once a session of ours was lost with time left: from then on a
-  // connection refused or "starting up" is the server coming back.
-  let reconnecting = false;
+  // An acquire that may wait retries a server that is not there yet (a
+  // connection refused, "starting up", "shutting down": a restart) until
+  // its deadline, whether its first session or a later one meets it.
   let pause = 0;
   for (let attempt = 0;; attempt++) {
     let taken: { session: Session; reused: boolean };
     try {
       taken = await host.take(name, signal);
     } catch (err) {
-      if (reconnecting && comingBack(err) && timeLeft(call)) {
+      if (call.waits && comingBack(err) && timeLeft(call)) {
         pause = Math.min(
           Math.max(2 * pause, RECONNECT_FIRST_MS),
           RECONNECT_MAX_MS,
@@ -210,7 +211,6 @@ export async function acquire(
         !session.lost.startsWith("did not answer") &&
         !(err instanceof RunlockError) && timeLeft(call)
       ) {
-        reconnecting = true;
         // A session that died young may be a server that keeps ending
         // them: do not reconnect in a tight loop.
         if (performance.now() - opened > RECONNECT_MAX_MS) pause = 0;
