@@ -178,6 +178,18 @@ const netnsNode = (process.env.RUNLOCK_PG_NETNS_NODE ?? versions.at(-1)!)
   .split(",");
 const netnsOn = (rt: string) =>
   rt === "bun" || netnsNode.includes("all") || netnsNode.includes(rt);
+// The tests of the backend on non-default server settings, stopped
+// processes, waiting and identity start clusters of their own and wait out
+// the timeouts they prove (15 to 20 s a file): they run on Bun and the same
+// one Node version (the backend's code and its client are the same on every
+// Node); RUNLOCK_PG_NETNS_NODE=all runs them everywhere too.
+const PG_ONE_NODE_TESTS = new Set([
+  "postgres_settings_test.js",
+  "postgres_stop_test.js",
+  "postgres_wait_test.js",
+  "postgres_identity_test.js",
+  "postgres_chaos_test.js",
+]);
 
 /** The test files of `dir` (tests-esm, tests-cjs) for runtime `rt`. */
 const testFiles = (dir: string, rt: string) =>
@@ -188,7 +200,10 @@ const testFiles = (dir: string, rt: string) =>
       !(dir.endsWith("cjs") && !pgCjsAll && f.startsWith("postgres") &&
         !PG_CJS_TESTS.has(f))
     )
-    .filter((f) => f !== "postgres_netns_test.js" || netnsOn(rt))
+    .filter((f) =>
+      (f !== "postgres_netns_test.js" && !PG_ONE_NODE_TESTS.has(f)) ||
+      netnsOn(rt)
+    )
     .map((f) => join(dir, f));
 const systemMajor = spawnSync("node", [
   "-p",
