@@ -11,10 +11,12 @@ import assert from "node:assert/strict";
 import process from "node:process";
 import { after, before, describe, test } from "node:test";
 import { pgLocks } from "../src/postgres/mod.ts";
+import { RunlockError } from "../src/postgres/mod.ts";
 import { Child, type Event, waitFor } from "./_helpers.ts";
 import {
   type Cluster,
   findPgBin,
+  freePort,
   psql,
   startCluster,
 } from "./fixtures/pg_cluster.ts";
@@ -223,6 +225,27 @@ describe("postgres waiting", { skip: !canStart }, () => {
       await holder.kill();
       for (const w of waiters) await w.kill();
     }
+  });
+
+  test("an acquire with a long timeout at a port where no server ever answered fails after connectTimeout, naming the server, instead of retrying until its timeout", async () => {
+    const port = await freePort();
+    await using locks = pgLocks(
+      `postgres://postgres@127.0.0.1:${port}/postgres`,
+      {
+        connectTimeout: 1_000,
+      },
+    );
+    const started = performance.now();
+    // The lock's timeout (10 min) is the behaviour's bound: it must not be
+    // what ends the acquire.
+    const err = await locks.acquire(unique("refused"), { timeout: 600_000 })
+      .catch((e) => e);
+    assert.ok(err instanceof RunlockError, String(err));
+    assert.match(
+      err.message,
+      new RegExp(`127\\.0\\.0\\.1:${port}.*connection refused`),
+    );
+    console.log(`refused after ${Math.round(performance.now() - started)} ms`);
   });
 
   test("waiters take the lock in the order they started waiting, also after the first one's wait slice ran out and it waited again (case 8)", async () => {

@@ -126,8 +126,9 @@ const queueSql = new Map<string, QueueStatements>();
  * else waiting (in slices, in order of arrival) until `options.timeout`,
  * the signal's abort, or a failure. An acquire that may wait replaces a
  * session the server ended while there is time left (a restart, a crash,
- * a terminated backend), and retries a server that refuses connections,
- * is starting up or is shutting down, until its deadline.
+ * a terminated backend), and retries a server that is starting up or
+ * shutting down until its deadline; one that refuses connections before
+ * it ever answered, only for connectTimeout.
  */
 export async function acquire(
   host: AcquireHost,
@@ -167,14 +168,23 @@ export async function acquire(
   };
   // An acquire that may wait retries a server that is not there yet (a
   // connection refused, "starting up", "shutting down": a restart) until
-  // its deadline, whether its first session or a later one meets it.
+  // its deadline, whether its first session or a later one meets it. But
+  // a server that never answered this acquire (a refused or reset
+  // connection, no SQLSTATE) is retried only for connectTimeout: that is
+  // as likely a wrong host or port as a restart, and a long timeout must
+  // not hide it.
+  const began = performance.now();
+  let reached = false;
   let pause = 0;
   for (let attempt = 0;; attempt++) {
     let taken: { session: Session; reused: boolean };
     try {
       taken = await host.take(name, signal);
+      reached = true;
     } catch (err) {
-      if (call.waits && comingBack(err) && timeLeft(call)) {
+      const answered = reached || serverAnswered(err) ||
+        performance.now() - began < host.statementTimeout;
+      if (call.waits && comingBack(err) && timeLeft(call) && answered) {
         pause = Math.min(
           Math.max(2 * pause, RECONNECT_FIRST_MS),
           RECONNECT_MAX_MS,
@@ -250,6 +260,12 @@ function comingBack(err: unknown): boolean {
   const state = sqlState(cause);
   if (state !== undefined) return /^57P0[1-3]$/.test(state);
   return /Connection terminated/i.test(String(cause));
+}
+
+/** Whether a failed connection got an answer from a server (a SQLSTATE). */
+function serverAnswered(err: unknown): boolean {
+  const cause = (err as { cause?: unknown } | null)?.cause ?? err;
+  return sqlState(cause) !== undefined;
 }
 
 /** Resolves after `ms`, or rejects with the signal's reason on its abort. */
