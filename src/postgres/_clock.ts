@@ -12,7 +12,7 @@ import {
 // A process that was not running (SIGSTOP, Ctrl-Z, a blocked event loop)
 // wakes with its deadline timers overdue, and timers run before pending
 // I/O is read: a deadline measured on the wall clock calls a session dead
-// whose answer is already in the socket's buffer (issue 16 case 5: a
+// whose answer is already in the socket's buffer (a
 // waiter stopped in the server's queue was granted the lock while stopped,
 // and on `fg` said "did not answer a statement within 10000 ms", closed
 // its session and so dropped the lock it had just been given). While it

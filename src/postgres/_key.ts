@@ -11,7 +11,7 @@ import { createHash } from "node:crypto";
  * Advisory locks are per database, not per schema: with the name alone,
  * `sync/main` in schema `staging` and `sync/main` in schema `prod` were one
  * advisory lock with two records, so each schema's holder read the other's
- * as a foreign session and waited on it (issue 16, case 3). Hashing the
+ * as a foreign session and waited on it. Hashing the
  * schema in makes each schema its own namespace of names. `public` keeps
  * the key older versions used for every schema, so that during a rolling
  * upgrade an older holder on `public` (the default, by far the most used)

@@ -303,7 +303,7 @@ export class Session {
    * Progress") acts only on a statement the backend is running: one that
    * arrives before the statement does (they travel on two connections) or
    * while the backend has not begun it is ignored, and the statement then
-   * runs on (issue 16 case 6: a wait ran out its whole slice after an
+   * runs on (a wait ran out its whole slice after an
    * abort). So while a statement is still unanswered, it sends another,
    * after 5 ms, then doubling pauses up to 500 ms (at most 40 in all), and
    * each time waits until the server has closed that connection (it closes

@@ -1,0 +1,193 @@
+// The statements of the waiting queue (see _wait.ts).
+import { tableName, upsert } from "./_sql.ts";
+
+// Used only by _wait.ts, which describes the protocol. In short: a waiter
+// holds the queue's marker (queue, 0) in share mode, which keeps
+// newcomers from taking the lock past the queue (tryUnqueued), and
+// takes a ticket and holds a queue node of its own, the session-level
+// advisory lock (queue, ticket) in the two-int4 key space (objsubid 2 in
+// pg_locks [pglocks]), which never collides with the bigint keys of lock
+// names nor, since `queue` is never 1920298604, with the DDL lock (_sql.ts).
+// It waits on its live predecessor's node (the greatest ticket below its
+// own that a session holds); only the queue's head waits on the name's
+// key, and it lets go of its node the moment it is granted the key. A
+// waiter whose predecessor's node is let go of finds its next predecessor
+// and, if it has none, waits on the key, all in the same statement: it is
+// in the key's queue before the new holder can release it. Each waiting
+// statement still ends after a slice (lock_timeout), so no snapshot is
+// held for long; a waiter that waits again keeps its ticket, so its place.
+// ---------------------------------------------------------------------------
+
+/** The statements of the waiting queue, for the table `schema.runlock_locks`. */
+export interface QueueStatements {
+  tryUnqueued: string;
+  enqueue: string;
+  wait: string;
+  afterWait: string;
+  unlockNode: string;
+}
+
+// Granted advisory locks of queue `param` in this database, in pg_locks.
+const queueNodes = (param: string) =>
+  `FROM pg_catalog.pg_locks l
+      WHERE l.locktype OPERATOR(pg_catalog.=) 'advisory' AND l.granted
+        AND l.objsubid OPERATOR(pg_catalog.=) 2
+        AND l.database OPERATOR(pg_catalog.=) (
+          SELECT d.oid FROM pg_catalog.pg_database d
+          WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
+        AND l.classid OPERATOR(pg_catalog.=) ${param}::integer::pg_catalog.oid`;
+
+/** Builds the queue's statements for the table `schema.runlock_locks`. */
+export function queueStatements(schema: string): QueueStatements {
+  const table = tableName(schema);
+  return {
+    // The try of an acquire that may wait: as tryAcquire, but only when
+    // nobody is queued for the name (every queued waiter holds the
+    // queue's marker (queue, 0) in share mode, and this exclusive try,
+    // held to the end of the statement, fails while one does), and if it
+    // does not get the lock it joins the queue at once, as enqueue does
+    // (a share lock of our own does not conflict with our exclusive one):
+    // a newcomer never takes the lock in the moment it is free between a
+    // release and the next head's wait, nor does anyone between our try
+    // and our place in the queue. One row: the record's fence and started
+    // if the lock was taken, `empty` (nobody was queued), and `ticket` and
+    // `queued` (our node is held; false when another took the ticket or
+    // held the marker exclusively at that instant: the caller enqueues).
+    // $1-$6 as tryAcquire, $7 queue.
+    tryUnqueued: `WITH q AS MATERIALIZED (
+        SELECT pg_catalog.pg_try_advisory_xact_lock($7::integer, 0) AS empty
+      ), got AS MATERIALIZED (
+        SELECT CASE WHEN q.empty
+          THEN pg_catalog.pg_try_advisory_lock($2::bigint) ELSE false END AS ok
+        FROM q
+      ), taken AS (
+        ${upsert(table, "got WHERE got.ok")}
+      ), mark AS MATERIALIZED (
+        SELECT pg_catalog.pg_try_advisory_lock_shared($7::integer, 0) AS ok
+        FROM got WHERE NOT got.ok
+      ), t AS MATERIALIZED (
+        SELECT COALESCE((SELECT pg_catalog.max(l.objid::bigint) ${
+      queueNodes("$7")
+    }), 0)
+          OPERATOR(pg_catalog.+) 1 AS ticket
+        FROM mark WHERE mark.ok
+      ), n AS MATERIALIZED (
+        SELECT t.ticket::integer AS ticket,
+          pg_catalog.pg_try_advisory_lock($7::integer, t.ticket::integer) AS ok
+        FROM t
+      ), u AS MATERIALIZED (
+        SELECT n.ticket, n.ok,
+          CASE WHEN n.ok THEN true
+            ELSE pg_catalog.pg_advisory_unlock_shared($7::integer, 0) END
+          AS unmarked
+        FROM n
+      ) SELECT taken.fence, taken.started, q.empty, u.ticket,
+          COALESCE(u.ok, false) AS queued
+        FROM q LEFT JOIN taken ON true LEFT JOIN u ON true`,
+
+    // Joining the queue: its marker in share mode (waiting, up to 1 s, only
+    // while a tryUnqueued holds it), then a ticket, one more than the
+    // greatest held in the queue, and its node, taken without waiting
+    // (pg_locks is read at call time, after the marker and before the
+    // node, as the CTE order makes it). `ok` is false when another waiter
+    // took the same ticket in between: the marker is let go of again, and
+    // the caller takes another. Tickets start at 1 when the queue is empty
+    // and grow while it is not; a queue never empty for 2^31 arrivals
+    // would overflow the integer (an error: the caller then waits outside
+    // the queue, as older versions do).
+    // $1 queue.
+    enqueue: `WITH cfg AS MATERIALIZED (
+        SELECT pg_catalog.set_config('lock_timeout', '1000', true)
+      ), mark AS MATERIALIZED (
+        SELECT pg_catalog.pg_advisory_lock_shared($1::integer, 0) FROM cfg
+      ), t AS MATERIALIZED (
+        SELECT COALESCE((SELECT pg_catalog.max(l.objid::bigint) ${
+      queueNodes("$1")
+    }), 0)
+          OPERATOR(pg_catalog.+) 1 AS ticket
+        FROM mark
+      ), n AS MATERIALIZED (
+        SELECT t.ticket::integer AS ticket,
+          pg_catalog.pg_try_advisory_lock($1::integer, t.ticket::integer) AS ok
+        FROM t
+      ) SELECT n.ticket, n.ok,
+          CASE WHEN n.ok THEN true
+            ELSE pg_catalog.pg_advisory_unlock_shared($1::integer, 0) END
+          AS unmarked
+        FROM n`,
+
+    // One slice of waiting in the queue ($7 ms of lock_timeout), in one
+    // statement, each step after the one before (the CTE order):
+    // - with a predecessor ($10, else NULL): wait for its node, which is
+    //   granted when its session lets go of it (it was granted the lock,
+    //   gave up, or ended), and let go of it at once (we are its only
+    //   waiter, so a slice that runs out loses nothing);
+    // - then our predecessor now: the greatest ticket below ours ($9) that
+    //   a session (not ours) holds, returned as `pred`;
+    // - if there is none, we are the head: wait for the name's key, and
+    //   once granted, let go of our node and the marker (our successor
+    //   then waits on the key while we hold it) and write the record, as
+    //   waitAcquire does.
+    // (`pred` reads cfg itself: with $10 NULL the planner drops `waited`,
+    // and lock_timeout would never be set.)
+    // One row: the record's fence and started when the lock was taken,
+    // else NULL and the predecessor to wait for next. A failure after the
+    // key was granted (a lock_timeout on the row) leaves the key held and
+    // our node let go of; before, the reverse (see afterWait).
+    // $1-$6 as waitAcquire, $7 ms, $8 queue, $9 ticket, $10 predecessor.
+    wait: `WITH cfg AS MATERIALIZED (
+        SELECT pg_catalog.set_config('lock_timeout', $7::pg_catalog.text, true)
+      ), waited AS MATERIALIZED (
+        SELECT pg_catalog.pg_advisory_lock($8::integer, $10::integer) FROM cfg
+        WHERE $10::integer IS NOT NULL
+      ), freed AS MATERIALIZED (
+        SELECT pg_catalog.pg_advisory_unlock($8::integer, $10::integer)
+        FROM waited
+      ), pred AS MATERIALIZED (
+        SELECT (SELECT pg_catalog.max(l.objid::bigint)::integer ${
+      queueNodes("$8")
+    }
+            AND l.objid OPERATOR(pg_catalog.<) $9::integer::pg_catalog.oid
+            AND l.objid OPERATOR(pg_catalog.>) 0::pg_catalog.oid
+            AND l.pid OPERATOR(pg_catalog.<>) pg_catalog.pg_backend_pid()
+          ) AS pred
+        FROM cfg, (SELECT pg_catalog.count(*) FROM freed) f
+      ), got AS MATERIALIZED (
+        SELECT pg_catalog.pg_advisory_lock($2::bigint) FROM pred
+        WHERE pred.pred IS NULL
+      ), node AS MATERIALIZED (
+        SELECT pg_catalog.pg_advisory_unlock($8::integer, $9::integer),
+          pg_catalog.pg_advisory_unlock_shared($8::integer, 0)
+        FROM got
+      ), taken AS (
+        ${upsert(table, "node")}
+      ) SELECT taken.fence, taken.started, pred.pred
+        FROM pred LEFT JOIN taken ON true`,
+
+    // After a failed wait: drops the name's key if the statement was
+    // granted it, and says whether we still hold our node (then it failed
+    // before the key was granted, and we keep our place).
+    // $1 key, $2 classid, $3 objid (its halves), $4 queue, $5 ticket.
+    afterWait: `WITH mine AS MATERIALIZED (
+        SELECT l.objsubid, l.classid, l.objid FROM pg_catalog.pg_locks l
+        WHERE l.locktype OPERATOR(pg_catalog.=) 'advisory' AND l.granted
+          AND l.pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid()
+      ) SELECT
+        (SELECT pg_catalog.pg_advisory_unlock($1::bigint) FROM mine
+          WHERE mine.objsubid OPERATOR(pg_catalog.=) 1
+            AND mine.classid OPERATOR(pg_catalog.=) $2::pg_catalog.oid
+            AND mine.objid OPERATOR(pg_catalog.=) $3::pg_catalog.oid
+          LIMIT 1) AS key_dropped,
+        EXISTS (SELECT 1 FROM mine
+          WHERE mine.objsubid OPERATOR(pg_catalog.=) 2
+            AND mine.classid OPERATOR(pg_catalog.=) $4::integer::pg_catalog.oid
+            AND mine.objid OPERATOR(pg_catalog.=) $5::integer::pg_catalog.oid
+        ) AS node_held`,
+
+    // Leaving the queue (the lock was taken another way): our node and
+    // the marker. $1 queue, $2 ticket.
+    unlockNode: `SELECT
+        pg_catalog.pg_advisory_unlock($1::integer, $2::integer) AS ok,
+        pg_catalog.pg_advisory_unlock_shared($1::integer, 0) AS unmarked`,
+  };
+}

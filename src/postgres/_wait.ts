@@ -1,0 +1,320 @@
+// Waiting for a lock, first come, first served, in slices.
+//
+// A blocked statement holds a snapshot (and so
+// VACUUM's horizon), so no wait statement lasts longer than a slice
+// (WAIT_SLICE_MS). The server's queue of a lock is first come, first
+// served, but a waiter whose slice ran out and that waits again goes to
+// its back: with everyone waiting on the name's key, 20 workers saw waits
+// of 3 times the FIFO bound. So waiters queue in the server's lock manager
+// themselves (a CLH queue; the statements are in _queue_sql.ts):
+//
+// - a waiter takes a ticket, one more than the greatest in the name's
+//   queue, and holds its node, the advisory lock (queue, ticket);
+// - it waits on its live predecessor's node (the greatest ticket below
+//   its own still held), a lock nobody else waits on, so a slice that runs
+//   out and a wait that starts again lose nothing; when that node is let
+//   go of (its holder was granted the lock, gave up, was aborted, or its
+//   session ended), it looks for its predecessor again, in the same
+//   statement, and waits on the key if it has none;
+// - the head (no predecessor) waits on the name's key; when granted it, it
+//   lets go of its node in the same statement, so its successor becomes
+//   the head and waits on the key while it holds the lock (before its
+//   answer has even reached it: no round trip of ours in between), and
+//   the server hands the lock over the instant it is released, as before.
+// Tickets need no durability: a node lives only as long as its session,
+// and a server restart ends every session, so every waiter queues again
+// (in the order it reconnects). What can still go out of order: an
+// acquire that does not wait (the try) or a waiter at the end of a slice
+// (it tries too, see below) can take the lock in the moment it is free
+// between a holder's release and the next head's wait, which needs a
+// holder that holds for less time than the hand-over takes (a few round
+// trips); waiters of older runlock versions wait on the key itself, in
+// the server's queue, beside our head. Two names whose queue numbers (32
+// bits of the key) collide share a queue: a waiter may then wait behind
+// one of the other name. Every waiter tries the lock at the end of each
+// slice, so that costs it at most a slice, as does a predecessor that is
+// stopped (SIGSTOP) while the server hands it the node. In pg_locks a
+// queue shows as one granted lock (classid queue, objid ticket, objsubid
+// 2) per waiter, each but the head's watched by one ungranted lock, and
+// the head waiting on the name's key.
+import { find } from "./_probe.ts";
+import { type QueueStatements, queueStatements } from "./_queue_sql.ts";
+import { type Session, sqlState } from "./_session.ts";
+import { KeyCollisionError } from "./errors.ts";
+import type { AcquireHost } from "./_acquire.ts";
+
+/** A blocked wait holds a snapshot (and VACUUM's horizon): wait in slices. */
+export const WAIT_SLICE_MS = 5_000;
+/** Tickets to try when other waiters keep taking the same one. */
+const ENQUEUE_TRIES = 8;
+/** The DDL lock's first key (_sql.ts), which no queue may use. */
+const DDL_KEY = 1920298604;
+
+/** One acquire: what every step needs. */
+export interface Call {
+  host: AcquireHost;
+  name: string;
+  key: bigint;
+  tag: { classid: string; objid: string };
+  /** The acquire statements' $1-$6. */
+  params: unknown[];
+  /** Whether it may wait (a timeout above 0). */
+  waits: boolean;
+  deadline: number;
+  signal: AbortSignal | undefined;
+}
+
+const queueSql = new Map<string, QueueStatements>();
+
+/** This acquire's place in the name's queue, on one session. */
+export class Queue {
+  readonly #call: Call;
+  readonly #session: Session;
+  readonly sql: QueueStatements;
+  /** The queue's number: 32 bits of the key, never the DDL lock's. */
+  readonly number: number;
+  /** Whether we tried to join the queue (its marker may be ours). */
+  #joined = false;
+  /** Our ticket while we hold our node. */
+  ticket: number | undefined;
+  /** False once the queue failed us: wait on the key, as before. */
+  #usable = true;
+
+  constructor(call: Call, session: Session) {
+    this.#call = call;
+    this.#session = session;
+    const schema = call.host.schema;
+    let sql = queueSql.get(schema);
+    if (sql === undefined) {
+      sql = queueStatements(schema);
+      if (queueSql.size >= 64) queueSql.clear();
+      queueSql.set(schema, sql);
+    }
+    this.sql = sql;
+    const q = Number(BigInt.asIntN(32, (call.key >> 32n) ^ call.key));
+    this.number = q === DDL_KEY ? q ^ 1 : q;
+  }
+
+  #query(
+    text: string,
+    params: unknown[],
+    statement: string,
+    timeout: number,
+  ): Promise<Record<string, unknown>[]> {
+    this.#call.signal?.throwIfAborted();
+    return this.#session.query(text, params, statement, false, timeout);
+  }
+
+  /**
+   * Waits for one slice, or less: returns the record row once the lock
+   * is ours, undefined when the slice ran out (the caller tries again).
+   */
+  async wait(): Promise<Record<string, unknown> | undefined> {
+    const call = this.#call;
+    if (this.ticket === undefined && this.#usable) await this.#enqueue();
+    // Unknown at first: the statement finds it (and waits on the key if
+    // there is none).
+    let pred: number | null = null;
+    for (;;) {
+      const remaining = call.deadline - performance.now();
+      if (remaining <= 0) return undefined;
+      const slice = Math.ceil(Math.min(remaining, WAIT_SLICE_MS));
+      // The server answers by the end of the slice (lock_timeout); no
+      // answer by then plus a heartbeat timeout means it is unreachable.
+      const late = slice + call.host.heartbeatTimeout;
+      if (this.ticket === undefined) {
+        return await waitOnKey(call, this.#session, slice, late);
+      }
+      const ticket = this.ticket;
+      let row: Record<string, unknown> | undefined;
+      try {
+        [row] = await this.#query(
+          this.sql.wait,
+          [...call.params, String(slice), this.number, ticket, pred],
+          "runlock_queue_wait",
+          late,
+        );
+      } catch (err) {
+        if (this.#session.lost !== undefined || call.signal?.aborted) {
+          throw err;
+        }
+        // Session-level advisory locks outlive the failed statement
+        // (§13.3.5): drop the key if it was granted, and learn whether our
+        // node is still ours (it is unless the key was granted).
+        const [state] = await this.#session.query(
+          this.sql.afterWait,
+          [
+            String(call.key),
+            call.tag.classid,
+            call.tag.objid,
+            this.number,
+            ticket,
+          ],
+          "runlock_queue_after_wait",
+          false,
+          call.host.statementTimeout,
+        );
+        if (state?.node_held !== true) this.ticket = undefined;
+        if (sqlState(err) === "55P03") return undefined; // lock_not_available
+        if (sqlState(err) === "23505") {
+          await this.leaveAll();
+          throw await collision(call, this.#session, err);
+        }
+        throw err;
+      }
+      if (row?.fence !== null && row?.fence !== undefined) {
+        this.ticket = undefined; // let go of in the statement
+        return row;
+      }
+      // Not the head: our predecessor, to wait for next.
+      pred = row?.pred as number;
+    }
+  }
+
+  /** Takes a ticket and its node; on failure, waits outside the queue. */
+  async #enqueue(): Promise<void> {
+    this.#joined = true;
+    for (let i = 0; i < ENQUEUE_TRIES; i++) {
+      let rows: Record<string, unknown>[];
+      try {
+        rows = await this.#query(
+          this.sql.enqueue,
+          [this.number],
+          "runlock_queue_enqueue",
+          this.#call.host.statementTimeout,
+        );
+      } catch (err) {
+        if (this.#session.lost !== undefined || this.#call.signal?.aborted) {
+          throw err;
+        }
+        break; // e.g. tickets overflowed: wait the old way
+      }
+      if (rows[0]?.ok === true) {
+        this.ticket = rows[0].ticket as number;
+        return;
+      }
+    }
+    this.#usable = false;
+  }
+
+  /** Lets go of our node (the lock was taken by the try). */
+  async leave(): Promise<void> {
+    if (this.ticket === undefined) return;
+    const ticket = this.ticket;
+    this.ticket = undefined;
+    await this.#session.query(
+      this.sql.unlockNode,
+      [this.number, ticket],
+      "runlock_queue_leave",
+      false,
+      this.#call.host.statementTimeout,
+    );
+  }
+
+  /** Takes the ticket (and node and marker) a try took for us. */
+  adopt(ticket: number): void {
+    this.#joined = true;
+    this.ticket = ticket;
+  }
+
+  /** Whether the session may hold a node or the marker of this queue. */
+  get joined(): boolean {
+    return this.#joined;
+  }
+
+  /** Drops every advisory lock of the session (it holds no lock of ours). */
+  async leaveAll(): Promise<void> {
+    this.ticket = undefined;
+    await this.#session.query(
+      this.#call.host.sql.unlockAll,
+      [],
+      "runlock_unlock_all",
+      false,
+      this.#call.host.statementTimeout,
+    );
+  }
+}
+
+/**
+ * One slice of waiting on the key itself (outside the queue, as older
+ * versions wait). Returns the record row when the lock was taken,
+ * undefined when the slice ran out (lock_timeout).
+ */
+export async function waitOnKey(
+  call: Call,
+  session: Session,
+  slice: number,
+  late: number,
+): Promise<Record<string, unknown> | undefined> {
+  try {
+    const rows = await attempt(
+      call,
+      session,
+      call.host.sql.waitAcquire,
+      [...call.params, String(slice)],
+      "runlock_wait",
+      late,
+    );
+    return rows.length > 0 ? rows[0] : undefined;
+  } catch (err) {
+    if (sqlState(err) === "55P03") return undefined; // lock_not_available
+    throw err;
+  }
+}
+
+/**
+ * Runs an acquire statement. After any failure, drops whatever advisory
+ * lock the failed statement took: session-level advisory locks survive
+ * the rollback of the statement that took them (PostgreSQL manual
+ * §13.3.5), so a collision or a lock_timeout on the row after the lock
+ * was granted would otherwise leave this session holding it. (Used
+ * outside the queue only: it drops a queue node too.)
+ */
+export async function attempt(
+  call: Call,
+  session: Session,
+  text: string,
+  params: unknown[],
+  statement: string,
+  timeout = call.host.statementTimeout,
+): Promise<Record<string, unknown>[]> {
+  call.signal?.throwIfAborted();
+  try {
+    return await session.query(text, params, statement, false, timeout);
+  } catch (err) {
+    // An aborted acquire ends its session, which drops everything.
+    if (session.lost !== undefined || call.signal?.aborted) throw err;
+    await session.query(
+      call.host.sql.unlockAll,
+      [],
+      "runlock_unlock_all",
+      false,
+      call.host.statementTimeout,
+    );
+    if (sqlState(err) === "23505") throw await collision(call, session, err);
+    throw err;
+  }
+}
+
+/** The KeyCollisionError for a unique_violation on `key`. */
+async function collision(
+  call: Call,
+  session: Session,
+  err: unknown,
+): Promise<KeyCollisionError> {
+  // unique_violation on `key`: another name's row has our key.
+  const found = await find(
+    session,
+    call.host.sql,
+    call.host.statementTimeout,
+    call.name,
+    call.key,
+    call.tag,
+  );
+  return new KeyCollisionError(
+    call.name,
+    found.other ?? "(unknown)",
+    call.key,
+    { cause: err },
+  );
+}
