@@ -496,6 +496,43 @@ describe("postgres backend", { skip: !hasServer }, () => {
     }
   });
 
+  test("a probe whose statement fails on another relation than the table (a row-level security policy's function naming a table the pinned search_path hides) fails with a RunlockError naming it, never reads a held lock free", async () => {
+    const schema = `rls_${process.pid}_${counter++}`;
+    const role = `${schema}_ro`;
+    const name = unique("rls");
+    await using holders = pgLocks(url, { schema });
+    const lock = await holders.acquire(name);
+    try {
+      // The table's owner (the superuser here) bypasses the policy; the
+      // probing role does not. The function's body names `visible` without
+      // its schema, as an admin might.
+      psql(
+        url,
+        `CREATE ROLE ${role} LOGIN;
+         GRANT USAGE ON SCHEMA ${schema} TO ${role};
+         GRANT SELECT ON ${schema}.runlock_locks TO ${role};
+         CREATE TABLE ${schema}.visible (host text);
+         GRANT SELECT ON ${schema}.visible TO ${role};
+         SET check_function_bodies = off;
+         CREATE FUNCTION ${schema}.visible_host(h text) RETURNS boolean
+           LANGUAGE sql STABLE AS 'SELECT true FROM visible LIMIT 1';
+         ALTER TABLE ${schema}.runlock_locks ENABLE ROW LEVEL SECURITY;
+         CREATE POLICY p ON ${schema}.runlock_locks USING (${schema}.visible_host(host));`,
+      );
+      const u = new URL(url);
+      u.username = role;
+      await using probes = pgLocks(u.href, { schema });
+      const refused = (err: unknown) =>
+        err instanceof RunlockError && /"visible"/.test(err.message);
+      await assert.rejects(probes.inspect(name), refused);
+      await assert.rejects(probes.held(name), refused);
+      assert.equal((await holders.inspect(name)).state, "held");
+    } finally {
+      await lock.release();
+      psql(url, `DROP SCHEMA ${schema} CASCADE; DROP ROLE IF EXISTS ${role};`);
+    }
+  });
+
   test("a connection refused, a wrong password and a bad URL fail with a clear error that never shows the password", async () => {
     const port = await freePort();
     const t0 = performance.now();

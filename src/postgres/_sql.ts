@@ -114,6 +114,7 @@ export interface Statements {
   table: string;
   tableState: string;
   tableExists: string;
+  standby: string;
   identity: string;
   ensureTable: string;
   ensureSchemaAndTable: string;
@@ -228,6 +229,10 @@ export function statements(schema: string): Statements {
 
     // Whether the table exists (probes create nothing). $1 the table.
     tableExists: `SELECT pg_catalog.to_regclass($1) IS NOT NULL AS table`,
+
+    // Whether the server is a hot standby (in recovery): advisory locks
+    // are not replicated, so its pg_locks shows none of the primary's.
+    standby: `SELECT pg_catalog.pg_is_in_recovery() AS standby`,
 
     // Who we are, for the message when creating the table is refused.
     // CURRENT_USER is a keyword, not a function looked up in search_path.

@@ -221,7 +221,29 @@ class PgLocksImpl implements PgLocks, AcquireHost, LockOwner {
         return await this.#probeSession(name); // another probe replaced it
       }
     }
-    const next = this.#connect(name, undefined, "probe");
+    const next = this.#connect(name, undefined, "probe").then(async (s) => {
+      // A hot standby's pg_locks shows none of the primary's locks (they
+      // are not replicated): its probes would read every held lock stale.
+      const rows = await s.query(
+        this.sql.standby,
+        [],
+        undefined,
+        false,
+        this.statementTimeout,
+      ).catch((err) => {
+        s.destroy();
+        throw this.refused(name, "inspect the lock", err);
+      });
+      if (rows[0]?.standby === true) {
+        await s.close();
+        throw new RunlockError(
+          name,
+          `${name}: cannot inspect the lock: PostgreSQL at ${this.#target.text} is a hot standby (in recovery), ` +
+            `whose pg_locks shows none of the primary's locks (advisory locks are not replicated): point the URL at the primary`,
+        );
+      }
+      return s;
+    });
     this.#probe = next;
     next.catch(() => {
       if (this.#probe === next) this.#probe = undefined;
@@ -262,12 +284,37 @@ class PgLocksImpl implements PgLocks, AcquireHost, LockOwner {
           lockTagOf(key),
         );
       } catch (err) {
-        // No table (dropped since we looked): nothing is locked here.
-        if (sqlState(err) === "42P01") return interpret(name, key, {});
+        // No table (dropped since we looked): nothing is locked here. But
+        // a missing relation may be another's (a function of a row-level
+        // security policy, a view an admin put in): then that is an error,
+        // never "free".
+        if (
+          sqlState(err) === "42P01" && session.lost === undefined &&
+          !(await this.#tableThere(session))
+        ) {
+          this.#tableReady = false;
+          return interpret(name, key, {});
+        }
         // The probe session may have died while idle: one more try.
         if (attempt === 0 && session.lost !== undefined) continue;
         throw this.refused(name, "inspect the lock", err);
       }
+    }
+  }
+
+  /** Whether the table exists, or true when that cannot be asked. */
+  async #tableThere(session: Session): Promise<boolean> {
+    try {
+      const rows = await session.query(
+        this.sql.tableExists,
+        [this.sql.table],
+        undefined,
+        false,
+        this.statementTimeout,
+      );
+      return rows[0].table === true;
+    } catch {
+      return true;
     }
   }
 
