@@ -8,7 +8,12 @@
 import assert from "node:assert/strict";
 import process from "node:process";
 import { after, before, describe, test } from "node:test";
-import { type PgLock, pgLocks, RunlockError } from "../src/postgres/mod.ts";
+import {
+  type PgLock,
+  pgLocks,
+  pgSetupSql,
+  RunlockError,
+} from "../src/postgres/mod.ts";
 import { Child, waitFor } from "./_helpers.ts";
 import { cli } from "./_cli.ts";
 import { type Cluster, findPgBin, psql } from "./fixtures/pg_cluster.ts";
@@ -373,12 +378,12 @@ describe("postgres backend on non-default server, role and database settings", {
         /GRANT CREATE ON DATABASE "postgres" TO "rl_nocreate"/,
         m,
       );
-      assert.match(m, /CREATE SCHEMA IF NOT EXISTS "rl_absent"/, m);
+      assert.match(m, /CREATE SCHEMA "rl_absent"/, m);
     }
     // Another schema: CREATE SCHEMA too; no role, no grants; usage errors.
     const ops = cli("db-setup", "--schema=ops");
     assert.equal(ops.code, 0, ops.stderr);
-    assert.match(ops.stdout, /CREATE SCHEMA IF NOT EXISTS "ops";/);
+    assert.match(ops.stdout, /CREATE SCHEMA "ops";/);
     assert.doesNotMatch(ops.stdout, /^GRANT/m);
     const bad = cli("db-setup", "--schema=", "extra");
     assert.equal(bad.code, 2);
@@ -410,6 +415,107 @@ describe("postgres backend on non-default server, role and database settings", {
     await lock.release();
     await using next = await locks.acquire(name);
     assert.ok(next.fence > lock.fence);
+  });
+
+  // The schema's bytes, not its characters: the server cuts a name to 63.
+  test("a schema name over 63 bytes in UTF-8 (33 characters of 'ü') is a TypeError before anything touches the database, so two names the server cuts to one table never get two keys; 63 bytes are accepted", async () => {
+    const long = "ü".repeat(31) + "ab"; // 64 bytes, 33 characters
+    for (const schema of [long, "ü".repeat(31) + "ac"]) {
+      assert.throws(
+        () => pgLocks(url, { schema }),
+        (e: Error) => e instanceof TypeError && /63 bytes/.test(e.message),
+      );
+      assert.throws(
+        () => pgSetupSql({ schema }),
+        (e: Error) => e instanceof TypeError && /63 bytes/.test(e.message),
+      );
+    }
+    assert.throws(() => pgSetupSql({ role: long }), TypeError);
+    const fits = "ü".repeat(31) + "a"; // 63 bytes
+    await using locks = pgLocks(url, { schema: fits });
+    await using lock = await locks.acquire(unique("63-bytes"));
+    assert.equal(
+      psql(
+        url,
+        "SELECT count(*) FROM pg_catalog.pg_namespace WHERE nspname = :'s'",
+        { s: fits },
+      ),
+      "1",
+    );
+    assert.ok(lock.fence >= 1n);
+  });
+
+  // The setup SQL is run as an owner: a name must not end a comment line.
+  test("schema and role names with control characters are TypeErrors (pgLocks, pgSetupSql, `runlock db-setup` exit 2), and the setup SQL names nothing in its comments: a schema with quotes, a backslash, '--' and '$runlock$' runs clean under psql ON_ERROR_STOP, twice", () => {
+    const injected = "a\nSELECT 666 AS injected;";
+    for (const schema of [injected, "a\rb", "a\u007fb", "a\u0000b"]) {
+      assert.throws(
+        () => pgLocks(url, { schema }),
+        (e: Error) =>
+          e instanceof TypeError && /control characters/.test(e.message),
+      );
+      assert.throws(() => pgSetupSql({ schema }), TypeError);
+    }
+    assert.throws(() => pgSetupSql({ role: "app\nx" }), TypeError);
+    const refused = cli("db-setup", `--schema=${injected}`);
+    assert.equal(refused.code, 2, refused.stdout);
+    assert.equal(refused.stdout, "");
+    assert.match(refused.stderr, /control characters/);
+    const odd = `it's "q" \\ -- $runlock$ x`;
+    const sql = pgSetupSql({ schema: odd, role: "rl_odd'role" });
+    for (const line of sql.split("\n").filter((l) => l.startsWith("--"))) {
+      assert.ok(!line.includes("it's") && !line.includes("rl_odd"), line);
+    }
+    psql(url, `CREATE ROLE "rl_odd'role" LOGIN`);
+    const printed = cli(
+      "db-setup",
+      `--schema=${odd}`,
+      `--db=${as(encodeURIComponent("rl_odd'role"))}`,
+    );
+    assert.match(printed.stdout, /TO "rl_odd'role";/);
+    assert.equal(printed.code, 0, printed.stderr);
+    for (const text of [sql, sql, printed.stdout]) psql(url, text);
+    assert.equal(
+      psql(
+        url,
+        `SELECT pg_catalog.has_table_privilege('rl_odd''role', pg_catalog.quote_ident(:'s') || '.runlock_locks', 'UPDATE')`,
+        { s: odd },
+      ),
+      "t",
+    );
+  });
+
+  // CREATE SCHEMA IF NOT EXISTS checks CREATE on the database first.
+  test("`runlock db-setup --schema=S` runs clean under psql ON_ERROR_STOP as the owner of an existing schema S who may not create schemas, and creates S when run by a role that may", () => {
+    psql(
+      url,
+      `CREATE ROLE rl_owner2 LOGIN;
+       CREATE SCHEMA rl_ops2 AUTHORIZATION rl_owner2;
+       CREATE ROLE rl_ops2_user LOGIN;
+       CREATE ROLE rl_dbcreator LOGIN;
+       GRANT CREATE ON DATABASE postgres TO rl_dbcreator;`,
+    );
+    const existing = cli(
+      "db-setup",
+      "--schema=rl_ops2",
+      `--db=${as("rl_ops2_user")}`,
+    );
+    assert.equal(existing.code, 0, existing.stderr);
+    psql(as("rl_owner2"), existing.stdout);
+    psql(as("rl_owner2"), existing.stdout);
+    const fresh = cli("db-setup", "--schema=rl_new3");
+    assert.equal(fresh.code, 0, fresh.stderr);
+    psql(as("rl_dbcreator"), fresh.stdout);
+    psql(as("rl_dbcreator"), fresh.stdout);
+    assert.equal(
+      psql(
+        url,
+        `SELECT string_agg(n.nspname || ':' || pg_catalog.pg_get_userbyid(c.relowner), ',' ORDER BY n.nspname)
+           FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+          WHERE c.relname = 'runlock_locks' AND n.nspname IN ('rl_ops2', 'rl_new3')`,
+      ),
+      "rl_new3:rl_dbcreator,rl_ops2:rl_owner2",
+    );
   });
 
   // Case 2: isolation.

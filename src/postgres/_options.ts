@@ -208,6 +208,36 @@ export function redact(url: string): string {
   return url.replace(/^([a-z]+:\/\/[^:@/]*:)[^@/]*@/i, "$1***@");
 }
 
+/**
+ * A valid PostgreSQL name (a schema or a role), or a TypeError naming the
+ * action: 1 to 63 bytes in UTF-8, since the server cuts a longer name to
+ * its first 63 bytes (two schemas that differ only after them would be
+ * one table, with two different keys for one lock name: two holders); and
+ * no control character (U+0000-U+001F, U+007F), which could end a line
+ * of the SQL that `pgSetupSql` prints.
+ */
+export function checkIdentifier(
+  value: unknown,
+  what: string,
+  action: string,
+): string {
+  if (
+    typeof value !== "string" || value === "" ||
+    new TextEncoder().encode(value).length > 63 ||
+    // deno-lint-ignore no-control-regex
+    /[\u0000-\u001f\u007f]/.test(value)
+  ) {
+    throw new TypeError(
+      `Cannot ${action} as '${what}' must be a name of 1 to 63 bytes in UTF-8 without control characters: current value is ${
+        typeof value === "string" && value.length > 80
+          ? `a string of ${value.length} characters`
+          : JSON.stringify(value)
+      }`,
+    );
+  }
+  return value;
+}
+
 /** A valid lock name, or a TypeError naming the action. */
 export function checkName(name: unknown, action: string): string {
   if (
@@ -250,16 +280,7 @@ export function checkOptions(
     }
     (o as Record<string, unknown>)[k] = v;
   }
-  if (
-    typeof o.schema !== "string" || o.schema === "" ||
-    o.schema.length > 63 || o.schema.includes("\0")
-  ) {
-    throw new TypeError(
-      `Cannot create pgLocks as 'schema' must be a name of 1 to 63 characters: current value is ${
-        JSON.stringify(o.schema)
-      }`,
-    );
-  }
+  checkIdentifier(o.schema, "schema", "create pgLocks");
   for (
     const k of [
       "keepalivesIdle",

@@ -2,6 +2,7 @@
 // for a role that may not create them, the error that says which grant or
 // which DDL (run once by someone who may) fixes it.
 import { type Session, sqlState } from "./_session.ts";
+import { checkIdentifier } from "./_options.ts";
 import {
   grantStatements,
   quoteIdent,
@@ -101,7 +102,7 @@ function createAdvice(
   const owner = schemaExists
     ? "the schema's owner or a superuser"
     : "the database's owner or a superuser";
-  const ddl = setupStatements(schema, role, !schemaExists);
+  const statements = ddl(schema, role, !schemaExists);
   return [
     `refused to create ${what}, which runlock creates on first use: ` +
     `${serverMessage} (42501). Either let role ${
@@ -110,10 +111,59 @@ function createAdvice(
     `  ${grant}`,
     `or create it once yourself (as ${owner}; \`runlock db-setup --db=URL` +
     `${
-      schema === "public" ? "" : ` --schema=${schema}`
+      schemaArgument(schema)
     }\` prints the same) and give the role only what it needs to take locks:`,
-    ...ddl.flatMap((statement) => statement.split("\n")).map((l) => `  ${l}`),
+    ...statements.flatMap((statement) => statement.split("\n")).map((l) =>
+      `  ${l}`
+    ),
   ].join("\n");
+}
+
+/**
+ * ` --schema=NAME` for a command line to paste into a POSIX shell (quoted
+ * where the shell would split or expand it), or "" for public.
+ */
+export function schemaArgument(schema: string): string {
+  if (schema === "public") return "";
+  return /^[A-Za-z0-9_@%+=:,./-]+$/.test(schema)
+    ? ` --schema=${schema}`
+    : ` --schema='${schema.replaceAll("'", `'\\''`)}'`;
+}
+
+/** A string literal, read the same whatever standard_conforming_strings. */
+function quoteLiteral(text: string): string {
+  const body = `'${text.replaceAll("'", "''")}'`;
+  return text.includes("\\") ? `E${body.replaceAll("\\", "\\\\")}` : body;
+}
+
+/**
+ * The DDL to run once (see setupStatements), the schema created only when
+ * pg_namespace lacks it: `CREATE SCHEMA IF NOT EXISTS` checks CREATE on
+ * the database first, which the owner of an existing schema may lack.
+ */
+function ddl(
+  schema: string,
+  role: string | undefined,
+  withSchema: boolean,
+): string[] {
+  if (!withSchema) return setupStatements(schema, role, false);
+  let tag = "$runlock$";
+  while (schema.includes(tag)) tag = `${tag.slice(0, -1)}_$`;
+  return [
+    [
+      `DO ${tag}`,
+      `BEGIN`,
+      `  IF NOT EXISTS (SELECT FROM pg_catalog.pg_namespace`,
+      `                 WHERE nspname OPERATOR(pg_catalog.=) ${
+        quoteLiteral(schema)
+      }) THEN`,
+      `    CREATE SCHEMA ${quoteIdent(schema)};`,
+      `  END IF;`,
+      `END`,
+      `${tag};`,
+    ].join("\n"),
+    ...setupStatements(schema, role, false),
+  ];
 }
 
 /** Options of {@linkcode pgSetupSql}. */
@@ -143,7 +193,8 @@ export interface PgSetupOptions {
  *
  * @param options `schema` (default `"public"`) and the lock users' `role`.
  * @returns The statements, one per line group, with `--` comments.
- * @throws {TypeError} `schema` or `role` is not a name of 1 to 63 characters.
+ * @throws {TypeError} `schema` or `role` is not a name of 1 to 63 bytes
+ *   in UTF-8 without control characters.
  *
  * @example The table in schema ops, for role app
  * ```ts
@@ -156,36 +207,26 @@ export interface PgSetupOptions {
  * ```
  */
 export function pgSetupSql(options: PgSetupOptions = {}): string {
-  const name = (value: unknown, what: string, fallback?: string) => {
-    const v = value ?? fallback;
-    if (v === undefined) return undefined;
-    if (
-      typeof v !== "string" || v === "" || v.length > 63 || v.includes("\0")
-    ) {
-      throw new TypeError(
-        `Cannot print runlock's setup SQL as '${what}' must be a name of 1 to 63 characters: current value is ${
-          JSON.stringify(v)
-        }`,
-      );
-    }
-    return v;
-  };
-  const schema = name(options.schema, "schema", "public")!;
-  const role = name(options.role, "role");
-  const table = `${quoteIdent(schema)}.runlock_locks`;
+  const action = "print runlock's setup SQL";
+  const schema = checkIdentifier(options.schema ?? "public", "schema", action);
+  const role = options.role === undefined
+    ? undefined
+    : checkIdentifier(options.role, "role", action);
+  // The comments name nothing of the caller's: a name is spliced only
+  // into the statements, quoted (and checked to hold no line break).
   const lines = [
-    `-- runlock's table of lock records, ${table}, which the PostgreSQL`,
-    `-- backend otherwise creates on first use. Run this once, as a role`,
-    `-- that may create in the schema (its owner, or a superuser);`,
-    `-- running it again changes nothing.`,
+    `-- runlock's table of lock records (runlock_locks), which the`,
+    `-- PostgreSQL backend otherwise creates on first use. Run this once,`,
+    `-- as a role that may create in the schema (its owner, or a`,
+    `-- superuser); running it again changes nothing.`,
   ];
   if (schema !== "public") {
     lines.push(
-      `-- CREATE SCHEMA needs CREATE on the database: leave it out if the`,
-      `-- schema exists.`,
+      `-- The schema is created only if it is missing (which needs CREATE`,
+      `-- on the database).`,
     );
   }
-  lines.push(...setupStatements(schema, undefined, schema !== "public"));
+  lines.push(...ddl(schema, undefined, schema !== "public"));
   if (role === undefined) {
     lines.push(
       `-- A role that takes locks needs USAGE on the schema and SELECT,`,
@@ -193,8 +234,8 @@ export function pgSetupSql(options: PgSetupOptions = {}): string {
     );
   } else {
     lines.push(
-      `-- What role ${JSON.stringify(role)} needs to take locks (no CREATE,`,
-      `-- no DELETE; probes need only SELECT):`,
+      `-- What the role that takes locks needs (no CREATE, no DELETE;`,
+      `-- probes need only SELECT):`,
       ...grantStatements(schema, role),
     );
   }
