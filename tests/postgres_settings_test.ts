@@ -8,6 +8,7 @@
 import assert from "node:assert/strict";
 import process from "node:process";
 import { after, before, describe, test } from "node:test";
+import { createServer, type Server, type Socket } from "node:net";
 import {
   type PgLock,
   pgLocks,
@@ -72,6 +73,18 @@ function grantedTo(url: string, user: string): number {
         AND a.usename = :'user'`,
     { user },
   ));
+}
+
+/** Starts `server` on a free port of 127.0.0.1. */
+function listen(server: Server): Promise<Server> {
+  return new Promise((resolve) =>
+    server.listen(0, "127.0.0.1", () => resolve(server))
+  );
+}
+
+/** The port `server` listens on. */
+function port(server: Server): number {
+  return (server.address() as { port: number }).port;
 }
 
 /** Resolves when the signal aborts (keeping the process alive meanwhile). */
@@ -516,6 +529,87 @@ describe("postgres backend on non-default server, role and database settings", {
       ),
       "rl_new3:rl_dbcreator,rl_ops2:rl_owner2",
     );
+  });
+
+  // Decided on the error's code, not the server's words.
+  test("connect errors whose server message says 'timeout' (a role timeout_svc, a database session_timeouts, a URL setting deadlock_timeout a role may not set) are reported as the server's error, not 'no answer within'; a server that never answers is", async () => {
+    psql(url, "CREATE ROLE rl_plain LOGIN");
+    const cases: [string, RegExp][] = [
+      [as("timeout_svc"), /role "timeout_svc" does not exist/],
+      [as("postgres", "session_timeouts"), /database "session_timeouts"/],
+      [
+        `${as("rl_plain")}?options=${
+          encodeURIComponent("-c deadlock_timeout=2s")
+        }`,
+        /permission denied to set parameter "deadlock_timeout"/,
+      ],
+    ];
+    for (const [u, expected] of cases) {
+      await using locks = pgLocks(u);
+      const err = await locks.acquire(unique("timeout-words")).catch((e) => e);
+      assert.ok(err instanceof RunlockError, String(err));
+      assert.match(err.message, expected);
+      assert.doesNotMatch(err.message, /no answer within/);
+    }
+    // A listener that accepts and never says a word.
+    const sockets: Socket[] = [];
+    const silent = await listen(createServer((s) => void sockets.push(s)));
+    try {
+      await using locks = pgLocks(
+        `postgres://postgres@127.0.0.1:${port(silent)}/postgres`,
+        { connectTimeout: 300 },
+      );
+      const err = await locks.acquire(unique("silent")).catch((e) => e);
+      assert.ok(err instanceof RunlockError, String(err));
+      assert.match(err.message, /no answer within 300 ms/);
+    } finally {
+      for (const s of sockets) s.destroy();
+      silent.close();
+    }
+  });
+
+  // PostgreSQL 13 is not installed here: a listener that answers the
+  // startup packet with the error PostgreSQL 13 sends for runlock's
+  // "-c idle_session_timeout=0" (FATAL 42704), byte for byte.
+  test("a server that refuses idle_session_timeout at startup (42704, as PostgreSQL 13 does) is reported as older than PostgreSQL 14", async () => {
+    const enc = new TextEncoder();
+    const field = (t: string, v: string) => [
+      t.charCodeAt(0),
+      ...enc.encode(v),
+      0,
+    ];
+    const body = [
+      ...field("S", "FATAL"),
+      ...field("V", "FATAL"),
+      ...field("C", "42704"),
+      ...field(
+        "M",
+        'unrecognized configuration parameter "idle_session_timeout"',
+      ),
+      0,
+    ];
+    const msg = new Uint8Array(5 + body.length);
+    msg[0] = "E".charCodeAt(0);
+    new DataView(msg.buffer).setInt32(1, 4 + body.length);
+    msg.set(body, 5);
+    const pg13 = await listen(
+      createServer((s) =>
+        s.once("data", () => {
+          s.write(msg);
+          s.end();
+        })
+      ),
+    );
+    try {
+      await using locks = pgLocks(
+        `postgres://postgres@127.0.0.1:${port(pg13)}/postgres`,
+      );
+      const err = await locks.acquire(unique("pg13")).catch((e) => e);
+      assert.ok(err instanceof RunlockError, String(err));
+      assert.match(err.message, /older than PostgreSQL 14/, err.message);
+    } finally {
+      pg13.close();
+    }
   });
 
   // Case 2: isolation.

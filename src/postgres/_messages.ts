@@ -75,21 +75,33 @@ export function connectError(
   err: unknown,
   purpose: "lock" | "probe" = "lock",
 ): RunlockError {
+  // Decided on the error's code (a SQLSTATE, or Node's for a socket) and,
+  // for errors of the client's own, on their fixed text; never on the
+  // server's message, which may name anything (a role called timeout_svc)
+  // and be in any language.
   const code = (err as { code?: unknown } | null)?.code;
+  const state = sqlState(err);
   const message = describe(err);
+  const own = state === undefined
+    ? String((err as { message?: unknown } | null)?.message ?? "")
+    : "";
   const reason = code === "ECONNREFUSED"
     ? "connection refused (is the server running, and listening there?)"
     : code === "ENOTFOUND" || code === "EAI_AGAIN"
     ? "the host name does not resolve"
-    : /timeout/i.test(message)
+    // node-postgres's connectionTimeoutMillis: it destroys the socket
+    // with "timeout expired" (later releases: "... connection timeout").
+    : state === undefined &&
+        /^timeout expired$|due to connection timeout/.test(own)
     ? `no answer within ${options.connectTimeout} ms`
-    : code === "28P01"
+    : state === "28P01"
     ? "password authentication failed (check the password in the URL)"
-    : /unrecognized configuration parameter "idle_session_timeout"/.test(
-        message,
-      )
-    ? "the server is older than PostgreSQL 14, which runlock needs"
-    : code === "53300"
+    // undefined_object on a startup setting: PostgreSQL 13 and older do
+    // not know idle_session_timeout, which runlock pins (the name is
+    // quoted as it is in any language).
+    : state === "42704" && message.includes('"idle_session_timeout"')
+    ? `the server is older than PostgreSQL 14, which runlock needs (${message})`
+    : state === "53300"
     // too_many_connections: max_connections (less the reserved slots),
     // or a CONNECTION LIMIT of the role or the database, is reached.
     ? `the server has no free connection (${message}): max_connections, or a ` +
@@ -98,8 +110,10 @@ export function connectError(
           ? "inspect needs a session of its own (one per pgLocks object, kept for later probes)"
           : "each held lock needs a session of its own, for as long as it is held"
       }. Release locks or close other sessions, or raise the limit`
-    : /unsupported startup parameter/i.test(message)
-    // PgBouncer refuses the "options" runlock pins its settings with.
+    : (state === undefined || state === "08P01") &&
+        /unsupported startup parameter/i.test(message)
+    // PgBouncer refuses the "options" runlock pins its settings with
+    // (protocol_violation, its own English text).
     ? `${message}: a connection pooler refused the session settings runlock ` +
       `sends at startup (options: -c ...); connect to the server itself (a ` +
       `lock is a session, which a pooler cannot promise)`

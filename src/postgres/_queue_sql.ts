@@ -129,7 +129,11 @@ export function queueStatements(schema: string): QueueStatements {
     //   then waits on the key while we hold it) and write the record, as
     //   waitAcquire does.
     // (`pred` reads cfg itself: with $10 NULL the planner drops `waited`,
-    // and lock_timeout would never be set.)
+    // and lock_timeout would never be set.) lock_timeout bounds each lock
+    // wait, not the statement: `pred` sets it again to what is left of $7
+    // (at least 1 ms) before the key's wait, or a predecessor that lets go
+    // after X ms would leave us X + $7 in all, past the caller's deadline
+    // (the chaos run saw a 3000 ms timeout answered after 5005 ms).
     // One row: the record's fence and started when the lock was taken,
     // else NULL and the predecessor to wait for next. A failure after the
     // key was granted (a lock_timeout on the row) leaves the key held and
@@ -150,7 +154,13 @@ export function queueStatements(schema: string): QueueStatements {
             AND l.objid OPERATOR(pg_catalog.<) $9::integer::pg_catalog.oid
             AND l.objid OPERATOR(pg_catalog.>) 0::pg_catalog.oid
             AND l.pid OPERATOR(pg_catalog.<>) pg_catalog.pg_backend_pid()
-          ) AS pred
+          ) AS pred,
+          pg_catalog.set_config('lock_timeout', GREATEST(1,
+            $7::pg_catalog.text::integer OPERATOR(pg_catalog.-)
+            (pg_catalog.date_part('epoch', pg_catalog.clock_timestamp()
+              OPERATOR(pg_catalog.-) pg_catalog.statement_timestamp())
+              OPERATOR(pg_catalog.*) 1000)::integer)::pg_catalog.text, true)
+            AS left_ms
         FROM cfg, (SELECT pg_catalog.count(*) FROM freed) f
       ), got AS MATERIALIZED (
         SELECT pg_catalog.pg_advisory_lock($2::bigint) FROM pred
