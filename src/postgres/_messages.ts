@@ -89,8 +89,9 @@ export function connectError(
     ? "connection refused (is the server running, and listening there?)"
     : code === "ENOTFOUND" || code === "EAI_AGAIN"
     ? "the host name does not resolve"
-    // node-postgres's connectionTimeoutMillis: it destroys the socket
-    // with "timeout expired" (later releases: "... connection timeout").
+    // node-postgres's connectionTimeoutMillis: 8.23 destroys the socket
+    // with Error("timeout expired"), no code; other releases said
+    // "Connection terminated due to connection timeout".
     : state === undefined &&
         /^timeout expired$|due to connection timeout/.test(own)
     ? `no answer within ${options.connectTimeout} ms`
