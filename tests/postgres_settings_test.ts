@@ -8,6 +8,7 @@
 import assert from "node:assert/strict";
 import process from "node:process";
 import { after, before, describe, test } from "node:test";
+import { spawnSync } from "node:child_process";
 import { createServer, type Server, type Socket } from "node:net";
 import {
   type PgLock,
@@ -609,6 +610,81 @@ describe("postgres backend on non-default server, role and database settings", {
       assert.match(err.message, /older than PostgreSQL 14/, err.message);
     } finally {
       pg13.close();
+    }
+  });
+
+  // The advice for 42501 says which kind of refusal it was.
+  test("privilege errors say what refused: a row-level security policy (not grants), SELECT only for a probe, and the role the session runs as for a user with ALTER ROLE ... SET role; the CREATE advice quotes --schema for the shell", async () => {
+    // Row-level security, forced on the owner too.
+    const rls = role("rl_rls");
+    {
+      await using locks = pgLocks(rls, { schema: "rl_rls" });
+      await (await locks.acquire(unique("rls-create"))).release();
+    }
+    psql(
+      url,
+      `ALTER TABLE rl_rls.runlock_locks ENABLE ROW LEVEL SECURITY;
+       ALTER TABLE rl_rls.runlock_locks FORCE ROW LEVEL SECURITY;
+       CREATE POLICY nothing ON rl_rls.runlock_locks USING (true) WITH CHECK (false);`,
+    );
+    {
+      await using locks = pgLocks(rls, { schema: "rl_rls" });
+      const err = await locks.acquire(unique("rls")).catch((e) => e);
+      assert.ok(err instanceof RunlockError, String(err));
+      assert.match(err.message, /row-level security policy/);
+      assert.match(err.message, /not a missing grant/, err.message);
+      assert.doesNotMatch(err.message, /needs USAGE/, err.message);
+    }
+    // A probe without SELECT.
+    psql(
+      url,
+      "CREATE ROLE rl_noselect LOGIN; GRANT USAGE ON SCHEMA rl_rls TO rl_noselect",
+    );
+    {
+      await using locks = pgLocks(as("rl_noselect"), { schema: "rl_rls" });
+      const err = await locks.inspect(unique("probe")).catch((e) => e);
+      assert.ok(err instanceof RunlockError, String(err));
+      assert.match(
+        err.message,
+        /SELECT on its runlock_locks table, nothing more/,
+      );
+      assert.doesNotMatch(err.message, /INSERT|UPDATE/, err.message);
+    }
+    // Sessions of rl_sw run as rl_team, which has no grants.
+    psql(
+      url,
+      `CREATE ROLE rl_team NOLOGIN;
+       CREATE ROLE rl_sw LOGIN IN ROLE rl_team;
+       CREATE SCHEMA rl_swops;
+       CREATE TABLE rl_swops.runlock_locks (LIKE rl_rls.runlock_locks INCLUDING ALL);
+       GRANT USAGE ON SCHEMA rl_swops TO rl_sw;
+       GRANT SELECT, INSERT, UPDATE ON rl_swops.runlock_locks TO rl_sw;
+       ALTER ROLE rl_sw SET role = 'rl_team';`,
+    );
+    {
+      await using locks = pgLocks(as("rl_sw"), { schema: "rl_swops" });
+      const err = await locks.acquire(unique("sw")).catch((e) => e);
+      assert.ok(err instanceof RunlockError, String(err));
+      assert.match(err.message, /permission denied/);
+      assert.match(err.message, /current_user/, err.message);
+      assert.match(err.message, /ALTER ROLE \.\.\. SET role/, err.message);
+    }
+    // CREATE refused in an existing schema with a space in its name.
+    psql(
+      url,
+      `CREATE SCHEMA "My Ops"; CREATE ROLE rl_myops LOGIN;
+       GRANT USAGE ON SCHEMA "My Ops" TO rl_myops`,
+    );
+    {
+      await using locks = pgLocks(as("rl_myops"), { schema: "My Ops" });
+      const err = await locks.acquire(unique("myops")).catch((e) => e);
+      assert.ok(err instanceof RunlockError, String(err));
+      const command = /`runlock db-setup --db=URL([^`]*)`/.exec(err.message);
+      assert.ok(command, err.message);
+      const words = spawnSync("sh", ["-c", `printf '%s\\n' ${command[1]}`], {
+        encoding: "utf8",
+      }).stdout;
+      assert.equal(words, "--schema=My Ops\n", err.message);
     }
   });
 

@@ -3,7 +3,7 @@
 // cause is one of the server's settings or privileges.
 import { RunlockError } from "../errors.ts";
 import type { Options, Target } from "./_options.ts";
-import { CreateRefused } from "./_schema.ts";
+import { CreateRefused, schemaArgument } from "./_schema.ts";
 import { describe, isSessionError, sqlState } from "./_session.ts";
 
 /** Replaces the URL's password in `text` with `***`. */
@@ -14,13 +14,15 @@ export function scrub(target: Target, text: string): string {
 
 /**
  * A RunlockError for a statement the server refused, saying what to do
- * where the cause is a setting or a privilege of the server's.
+ * where the cause is a setting or a privilege of the server's. `schema`,
+ * when given, goes into the `runlock db-setup` command it suggests.
  */
 export function refused(
   target: Target,
   name: string,
   action: string,
   err: unknown,
+  schema?: string,
 ): RunlockError {
   if (err instanceof RunlockError) return err;
   if (err instanceof CreateRefused) {
@@ -38,6 +40,11 @@ export function refused(
     ? "lost the connection to"
     : "got an error from";
   const state = sqlState(err);
+  const message = describe(err);
+  const setup = `\`runlock db-setup --db=URL${
+    schema === undefined ? " [--schema=NAME]" : schemaArgument(schema)
+  }\``;
+  const probe = action.startsWith("inspect");
   const advice = state === "25006"
     // read_only_sql_transaction. runlock's sessions pin
     // default_transaction_read_only = off (see sessionSettings), so a
@@ -46,18 +53,36 @@ export function refused(
     ? ": the server accepts no writes, as a hot standby (a replica in recovery) does; " +
       "runlock writes a record with each lock, and an advisory lock taken on a standby " +
       "excludes no one on the primary: point the URL at the primary"
+    : state === "42501" && /row-level security|row security/i.test(message)
+    // insufficient_privilege raised by row-level security ("new row
+    // violates row-level security policy", or, under row_security = off,
+    // "query would be affected by row-level security policy"): no grant
+    // helps. The server's message is the only tell (no SQLSTATE of its
+    // own); in another language the grants' advice below says so too.
+    ? ": a row-level security policy on runlock's table refused it, not a missing grant; " +
+      "runlock's records must all be visible and writable to every lock user (a hidden " +
+      "record reads as a free lock): disable row-level security on runlock_locks, or " +
+      "exempt these roles from it"
     : state === "42501"
-    // insufficient_privilege on the table (creating it is CreateRefused).
-    ? ": the role needs USAGE on the schema and SELECT, INSERT and UPDATE on its " +
-      "runlock_locks table (`runlock db-setup --db=URL` prints the grants)"
+    // insufficient_privilege on the schema or the table (creating it is
+    // CreateRefused). The privileges are checked for the session's
+    // current_user, which is not the URL's user under ALTER ROLE ... SET
+    // role; asking it would need a statement on a session that just
+    // failed one, so the advice says so instead.
+    ? `: ${
+      probe
+        ? "probes (inspect, held, activePid) need USAGE on the schema and SELECT on its runlock_locks table, nothing more"
+        : "the role needs USAGE on the schema and SELECT, INSERT and UPDATE on its runlock_locks table"
+    } (${setup} prints the grants), granted to the role the session runs as: ` +
+      "its current_user, another role than the URL's user when that user has " +
+      "ALTER ROLE ... SET role; or, if the server's message names a row-level " +
+      "security policy, that policy refused it"
     : "";
   return new RunlockError(
     name,
     scrub(
       target,
-      `${name}: cannot ${action}: ${how} PostgreSQL at ${target.text}: ${
-        describe(err)
-      }${advice}`,
+      `${name}: cannot ${action}: ${how} PostgreSQL at ${target.text}: ${message}${advice}`,
     ),
     { cause: err },
   );
