@@ -12,6 +12,7 @@ import { spawnSync } from "node:child_process";
 import { createServer, type Server, type Socket } from "node:net";
 import {
   type PgLock,
+  type PgLocks,
   pgLocks,
   pgSetupSql,
   RunlockError,
@@ -686,6 +687,93 @@ describe("postgres backend on non-default server, role and database settings", {
       }).stdout;
       assert.equal(words, "--schema=My Ops\n", err.message);
     }
+  });
+
+  // node-postgres reads PGDATABASE, PGPORT, ?user= ...; so must runlock.
+  test("the server, database and user runlock names are those node-postgres connects to: PGDATABASE for a URL without one (a lock of the same name in another database is not 'held by this process'), PGPORT, and ?user= over the URL's user", async () => {
+    psql(url, "CREATE DATABASE rl_envdb");
+    const name = unique("envdb");
+    const env = process.env;
+    const saved = { PGDATABASE: env.PGDATABASE, PGPORT: env.PGPORT };
+    const restore = () => {
+      for (const [k, v] of Object.entries(saved)) {
+        if (v === undefined) delete env[k];
+        else env[k] = v;
+      }
+    };
+    let inEnvDb: PgLock;
+    let a: PgLocks;
+    try {
+      env.PGDATABASE = "rl_envdb";
+      a = pgLocks(`postgres://postgres@127.0.0.1:${cluster.port}`);
+      inEnvDb = await a.acquire(name);
+    } finally {
+      restore();
+    }
+    try {
+      assert.equal(
+        psql(
+          as("postgres", "rl_envdb"),
+          "SELECT count(*) FROM public.runlock_locks WHERE name = :'name'",
+          { name },
+        ),
+        "1",
+        "the client connected to PGDATABASE",
+      );
+      await using b = pgLocks(as("postgres"));
+      await using other = await b.acquire(name);
+      assert.ok(other.fence >= 1n);
+    } finally {
+      await inEnvDb.release();
+      await a.end();
+    }
+    try {
+      env.PGPORT = String(cluster.port);
+      await using c = pgLocks("postgres://postgres@127.0.0.1/rl_nosuchdb");
+      const err = await c.acquire(name).catch((e) => e);
+      assert.ok(err instanceof RunlockError, String(err));
+      assert.match(err.message, /database "rl_nosuchdb" does not exist/);
+      assert.ok(
+        err.message.includes(`127.0.0.1:${cluster.port}, database`),
+        err.message,
+      );
+    } finally {
+      restore();
+    }
+    await using d = pgLocks(`${as("nobody")}?user=rl_query_user`);
+    const err = await d.acquire(name).catch((e) => e);
+    assert.ok(err instanceof RunlockError, String(err));
+    assert.match(err.message, /role "rl_query_user" does not exist/);
+    assert.match(err.message, /user "rl_query_user"/, err.message);
+  });
+
+  test("a URL with ?replication=database (or PGREPLICATION) still takes locks: lock sessions are ordinary sessions; a URL whose options set transaction_isolation is a TypeError naming it", async () => {
+    const name = unique("replication");
+    {
+      await using locks = pgLocks(`${url}?replication=database`);
+      await using lock = await locks.acquire(name);
+      assert.ok(lock.fence >= 1n);
+    }
+    const saved = process.env.PGREPLICATION;
+    try {
+      process.env.PGREPLICATION = "database";
+      await using locks = pgLocks(url);
+      await using lock = await locks.acquire(name);
+      assert.ok(lock.fence >= 2n);
+    } finally {
+      if (saved === undefined) delete process.env.PGREPLICATION;
+      else process.env.PGREPLICATION = saved;
+    }
+    assert.throws(
+      () =>
+        pgLocks(
+          `${url}?options=${
+            encodeURIComponent("-c transaction_isolation=serializable")
+          }`,
+        ),
+      (e: Error) =>
+        e instanceof TypeError && /transaction_isolation/.test(e.message),
+    );
   });
 
   // Case 2: isolation.

@@ -124,78 +124,151 @@ function urlSettings(
         }`,
       );
     }
-    settings[setting.slice(0, eq).replaceAll("-", "_")] = optionValue(
-      setting.slice(eq + 1),
-    );
+    const name = setting.slice(0, eq).replaceAll("-", "_");
+    // The transaction_* settings apply to one transaction: at startup the
+    // server refuses them (25001, "must be called before any query"), so
+    // no session could open. default_transaction_* are the session's.
+    if (/^transaction_(isolation|read_only|deferrable)$/i.test(name)) {
+      throw new TypeError(
+        `Cannot create pgLocks as the 'options' parameter of 'url' sets ${name}, which the server refuses at connection (25001; default_${name.toLowerCase()} is the session's setting, and runlock pins its own): current value is ${
+          JSON.stringify(redact(url))
+        }`,
+      );
+    }
+    settings[name] = optionValue(setting.slice(eq + 1));
   }
   return settings;
 }
 
-/** Checks and reads the caller's URL. */
+/**
+ * Checks and reads the caller's URL, and works out which server, database
+ * and user node-postgres will connect to with it, exactly as it does
+ * (pg-connection-string's `parse`, then pg's ConnectionParameters): query
+ * parameters (`?host=`, `?port=`, `?user=`, `?password=`) win over the
+ * URL's parts, and an empty part falls back to PGHOST, PGPORT, PGUSER,
+ * PGDATABASE, PGPASSWORD (read only when Deno grants --allow-env, as the
+ * client needs anyway), then to localhost, 5432, $USER and the user's
+ * name. So messages, the `--allow-net` advice and the key of the locks
+ * this process holds name the server and database the client really uses.
+ */
 export function parseUrl(url: unknown): Target {
   let u: URL;
   try {
     if (typeof url !== "string") throw new TypeError("not a string");
     u = new URL(url);
   } catch {
+    u = undefined as unknown as URL;
+  }
+  if (
+    typeof url === "string" && u === undefined &&
+    /^postgres(ql)?:\/\/[^/?#]*@\//i.test(url)
+  ) {
+    // An empty host after the user (`postgres://app@/db`): node-postgres
+    // reads it with a dummy host and connects to PGHOST or localhost.
+    try {
+      u = new URL(url.replace("@/", "@___DUMMY___/"));
+    } catch { /* below */ }
+  }
+  if (u === undefined) {
     throw new TypeError(
       `Cannot create pgLocks as 'url' must be a postgres:// URL: current value is ${
         typeof url === "string" ? JSON.stringify(redact(url)) : String(url)
       }`,
     );
   }
+  const text = url as string;
   if (u.protocol !== "postgres:" && u.protocol !== "postgresql:") {
     throw new TypeError(
       `Cannot create pgLocks as 'url' must start with postgres:// or postgresql://: current value is ${
-        JSON.stringify(redact(url as string))
+        JSON.stringify(redact(text))
       }`,
     );
   }
   // A bad percent-escape (a literal `%` in a password) is the caller's
   // input: a TypeError now, naming the part, never the password itself.
-  const decode = (part: string, what: string): string => {
+  const decode = (
+    part: string,
+    what: string,
+    how: (s: string) => string = decodeURIComponent,
+  ): string => {
     try {
-      return decodeURIComponent(part);
+      return how(part);
     } catch {
       throw new TypeError(
         `Cannot create pgLocks as the ${what} in 'url' has a bad percent-escape (write a literal % as %25): current value is ${
-          JSON.stringify(redact(url as string))
+          JSON.stringify(redact(text))
         }`,
       );
     }
   };
-  const password = decode(u.password, "password");
-  const host = u.searchParams.get("host") ?? (u.hostname || "localhost");
-  const port = u.searchParams.get("port") ?? (u.port || "5432");
   const env = granted({ name: "env" })
     ? process.env
     : {} as Record<string, string | undefined>;
-  const user = decode(u.username, "user name") || env.PGUSER || env.USER ||
-    "";
-  const database = decode(u.pathname.replace(/^\//, ""), "database name") ||
-    user;
+  const dummy = u.hostname === "___DUMMY___";
+  // pg-connection-string: a URL with a space or a `%` that starts no
+  // escape is first passed through encodeURI (which re-escapes every `%`
+  // but those before two digits); its parts are read from that.
+  let p = u;
+  if (/ |%[^a-f0-9]|%[a-f0-9][^a-f0-9]/i.test(text)) {
+    try {
+      const encoded = encodeURI(text).replace(/%25(\d\d)/g, "%$1");
+      p = new URL(
+        dummy ? encoded.replace("@/", "@___DUMMY___/") : encoded,
+      );
+    } catch { /* keep u */ }
+  }
+  const q = p.searchParams;
+  const password = q.get("password") ||
+    decode(p.password, "password") || env.PGPASSWORD || "";
+  const hostname = (dummy ? "" : p.hostname).replace(/^\[(.+)\]$/, "$1");
+  let pathname = p.pathname;
+  let host = q.get("host") || "";
+  if (host === "") host = decode(hostname, "host");
+  else if (hostname !== "" && /^%2f/i.test(hostname)) {
+    pathname = hostname + pathname;
+  }
+  host = host || env.PGHOST || "localhost";
+  const port = String(
+    Number.parseInt(q.get("port") || p.port || env.PGPORT || "5432", 10),
+  );
+  const defaultUser = process.platform === "win32" ? env.USERNAME : env.USER;
+  const user = q.get("user") || decode(p.username, "user name") ||
+    env.PGUSER || defaultUser || "";
+  const path = pathname.slice(1);
+  const database = (path ? decode(path, "database name", decodeURI) : "") ||
+    env.PGDATABASE || user;
   // node-postgres takes every query parameter as a client option, and an
   // `options` parameter replaces the one runlock sends: its settings are
   // kept (sent first), the parameters that would undo a pinned setting
   // are dropped (DROPPED_PARAMS).
-  const settings = urlSettings(
-    u.searchParams.get("options") ?? "",
-    url as string,
+  const settings = urlSettings(u.searchParams.get("options") ?? "", text);
+  let connectUrl = text;
+  const drop = ["options", ...DROPPED_PARAMS].filter((name) =>
+    u.searchParams.has(name)
   );
-  let connectUrl = url as string;
-  const drop = ["options", ...DROPPED_PARAMS].filter((p) =>
-    u.searchParams.has(p)
-  );
-  if (drop.length > 0) {
-    for (const p of drop) u.searchParams.delete(p);
+  // A replication connection (`?replication=database`, or PGREPLICATION,
+  // which the client reads when the URL says nothing) is a walsender, which
+  // runs no statement of ours (08P01): `replication=false` (a boolean the
+  // server accepts, and a value the client takes over the variable) makes
+  // it an ordinary session.
+  const replication = u.searchParams.has("replication") ||
+    (env.PGREPLICATION ?? "") !== "";
+  if (drop.length > 0 || replication) {
+    for (const name of drop) u.searchParams.delete(name);
+    if (replication) u.searchParams.set("replication", "false");
     connectUrl = u.toString();
+    if (dummy) connectUrl = connectUrl.replace("@___DUMMY___/", "@/");
   }
+  // An IPv6 address is written in brackets before its port.
+  const hostPort = host.includes(":") && !host.startsWith("/")
+    ? `[${host}]:${port}`
+    : `${host}:${port}`;
   return {
-    text: `${host}:${port}, database ${JSON.stringify(database)}, user ${
+    text: `${hostPort}, database ${JSON.stringify(database)}, user ${
       JSON.stringify(user)
     }`,
-    where: `${host}:${port}/${database}`,
-    host,
+    where: `${hostPort}/${database}`,
+    host: host.includes(":") && !host.startsWith("/") ? `[${host}]` : host,
     port,
     password,
     connectUrl,
