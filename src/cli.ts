@@ -701,11 +701,23 @@ async function dbSetup(args: string[], io: CliIo): Promise<number> {
   if (url !== undefined) {
     let user = "";
     try {
-      const u = new URL(url.text);
+      // The role the client connects as, as node-postgres works it out:
+      // `?user=`, the URL's user, PGUSER, then the login name; an empty
+      // host (`postgres://app@/db`) is the client's too.
+      let u: URL;
+      try {
+        u = new URL(url.text);
+      } catch {
+        u = new URL(url.text.replace("@/", "@___DUMMY___/"));
+      }
       if (u.protocol !== "postgres:" && u.protocol !== "postgresql:") {
         throw new TypeError("not postgres://");
       }
-      user = decodeURIComponent(u.username);
+      const env = (variable: string) =>
+        granted({ name: "env", variable }) ? process.env[variable] : undefined;
+      user = u.searchParams.get("user") || decodeURIComponent(u.username) ||
+        env("PGUSER") ||
+        env(process.platform === "win32" ? "USERNAME" : "USER") || "";
     } catch {
       throw new UsageError(
         `${url.from}: needs a postgres://USER@HOST/DATABASE URL`,

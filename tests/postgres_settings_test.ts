@@ -776,6 +776,26 @@ describe("postgres backend on non-default server, role and database settings", {
     );
   });
 
+  test("`runlock db-setup --db=URL` grants to the role node-postgres connects as: ?user= over the URL's user, PGUSER for a URL without one", () => {
+    const query = cli("db-setup", "--db=postgres://nobody@db/app?user=rl_q");
+    assert.equal(query.code, 0, query.stderr);
+    assert.match(query.stdout, /TO "rl_q";/);
+    assert.doesNotMatch(query.stdout, /nobody/);
+    const saved = process.env.PGUSER;
+    try {
+      process.env.PGUSER = "rl_from_env";
+      const fromEnv = cli("db-setup", "--db=postgres://db/app");
+      assert.equal(fromEnv.code, 0, fromEnv.stderr);
+      assert.match(fromEnv.stdout, /TO "rl_from_env";/);
+      const empty = cli("db-setup", "--db=postgres://@/app");
+      assert.equal(empty.code, 0, empty.stderr);
+      assert.match(empty.stdout, /TO "rl_from_env";/);
+    } finally {
+      if (saved === undefined) delete process.env.PGUSER;
+      else process.env.PGUSER = saved;
+    }
+  });
+
   // Case 2: isolation.
   test("every waiter takes the lock in turn, with a growing fence, when the role has default_transaction_isolation 'repeatable read' or the database 'serializable' (3 waiters each)", async () => {
     const rr = role("rl_rr", [
