@@ -201,6 +201,11 @@ export function parseUrl(url: unknown): Target {
       );
     }
   };
+  // node-postgres would re-escape a `%` that starts no escape (below);
+  // runlock refuses it, as it always has, saying how to write it (%25).
+  decode(u.password, "password");
+  decode(u.username, "user name");
+  decode(u.pathname, "database name");
   const env = granted({ name: "env" })
     ? process.env
     : {} as Record<string, string | undefined>;
