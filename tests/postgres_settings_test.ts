@@ -687,6 +687,20 @@ describe("postgres backend on non-default server, role and database settings", {
       }).stdout;
       assert.equal(words, "--schema=My Ops\n", err.message);
     }
+    // Refused before creating anything (no USAGE on the schema).
+    psql(url, "CREATE ROLE rl_myops2 LOGIN");
+    {
+      await using locks = pgLocks(as("rl_myops2"), { schema: "My Ops" });
+      const err = await locks.acquire(unique("myops2")).catch((e) => e);
+      assert.ok(err instanceof RunlockError, String(err));
+      assert.match(err.message, /permission denied for schema My Ops/);
+      const command = /`runlock db-setup --db=URL([^`]*)`/.exec(err.message);
+      assert.ok(command, err.message);
+      const words = spawnSync("sh", ["-c", `printf '%s\\n' ${command[1]}`], {
+        encoding: "utf8",
+      }).stdout;
+      assert.equal(words, "--schema=My Ops\n", err.message);
+    }
   });
 
   // node-postgres reads PGDATABASE, PGPORT, ?user= ...; so must runlock.

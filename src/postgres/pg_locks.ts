@@ -100,7 +100,7 @@ class PgLocksImpl implements PgLocks, AcquireHost, LockOwner {
   }
 
   refused(name: string, action: string, err: unknown): RunlockError {
-    return refused(this.#target, name, action, err);
+    return refused(this.#target, name, action, err, this.#schema);
   }
 
   async #connect(
