@@ -18,7 +18,7 @@ import { readFileSync } from "node:fs";
 import { createRequire } from "node:module";
 import process from "node:process";
 import { after, before, describe, test } from "node:test";
-import { pgLocks } from "../src/postgres/mod.ts";
+import { pgLocks, RunlockError } from "../src/postgres/mod.ts";
 import { cliCommand, cliRuntime, Terminal } from "./_cli.ts";
 import { Child, delay, type Event, waitFor } from "./_helpers.ts";
 import {
@@ -165,6 +165,8 @@ describe("a stopped PostgreSQL waiter", { skip: !hasServer }, () => {
     cli?: Promise<void>;
     frozenWaiter?: Promise<string>;
     frozenHolder?: Promise<string>;
+    syncRep?: Promise<string>;
+    busyHolder?: Promise<string>;
   } = {};
   before(async () => {
     cluster = await startCluster();
@@ -174,12 +176,47 @@ describe("a stopped PostgreSQL waiter", { skip: !hasServer }, () => {
     if (shipped) scenarios.cli = started(stoppedCli);
     scenarios.frozenWaiter = started(frozenWaiter);
     scenarios.frozenHolder = started(frozenHolder);
+    scenarios.syncRep = started(abandonedCommit);
+    scenarios.busyHolder = started(busyHolder);
   });
   after(async () => {
     // Each scenario cleans up after itself; wait for all of them.
     await Promise.allSettled(Object.values(scenarios));
     cluster?.stop();
   });
+
+  /**
+   * A server whose commits wait for a synchronous standby that is not
+   * connected: the acquire's statement takes the advisory lock and then
+   * waits in its commit. Our statement deadline gives up on it; the
+   * backend must not keep the key for everyone else.
+   */
+  async function abandonedCommit(): Promise<string> {
+    const own = await startCluster({ own: true });
+    try {
+      // The table first, and only then the standby no commit can reach
+      // (startCluster's setup and CREATE TABLE would wait too).
+      await using first = pgLocks(own.url);
+      await (await first.acquire(unique("syncrep-table"))).release();
+      psql(
+        own.url,
+        `ALTER SYSTEM SET synchronous_standby_names = 'nosuch';
+         SELECT pg_reload_conf();`,
+      );
+      const name = unique("syncrep");
+      await using locks = pgLocks(own.url, { connectTimeout: 1_000 });
+      const err = await locks.acquire(name).catch((e) => e);
+      assert.ok(err instanceof RunlockError, String(err));
+      assert.match(err.message, /did not answer a statement within 1000 ms/);
+      await waitFor(
+        () => advisoryPids(own.url, name, true).length === 0,
+        "the backend of the abandoned acquire lets go of the key",
+      );
+      return `given up after its deadline; key free again: ${err.message}`;
+    } finally {
+      own.stop();
+    }
+  }
 
   async function stoppedWaiter(): Promise<void> {
     const name = unique("waiter");
@@ -376,6 +413,51 @@ describe("a stopped PostgreSQL waiter", { skip: !hasServer }, () => {
     }
   }
 
+  /**
+   * A holder whose event loop is busy in chunks (synchronous work) while
+   * its server stops answering: it must still learn of the loss within
+   * heartbeatInterval + heartbeatTimeout of the wall clock (plus a chunk,
+   * during which no timer can run), before the server could drop it.
+   */
+  async function busyHolder(): Promise<string> {
+    const name = unique("busy-holder");
+    const proxy = await freezableProxy(url);
+    const options = { heartbeatInterval: 200, heartbeatTimeout: 5_000 };
+    const holder = new Child("pg_child.ts", [
+      "hold",
+      proxy.url,
+      name,
+      "0",
+      JSON.stringify(options),
+    ]);
+    const chunk = 1_000;
+    try {
+      await holder.expect("acquired");
+      holder.send(`busy ${chunk}`);
+      await holder.expect("busy");
+      const since = now();
+      proxy.freeze();
+      const lost = await holder.next();
+      assert.equal(lost.event, "lost", JSON.stringify(lost));
+      assert.match(String(lost.message), /did not answer a heartbeat within/);
+      const took = (lost.at as number) - since;
+      const bound = options.heartbeatInterval + options.heartbeatTimeout +
+        chunk + LOADED_MS;
+      assert.ok(
+        took < bound,
+        `declared lost ${
+          took.toFixed(0)
+        } ms after the freeze (bound ${bound} ms)`,
+      );
+      return `a holder busy in ${chunk} ms chunks lost its lock ${
+        took.toFixed(0)
+      } ms after its server froze`;
+    } finally {
+      await holder.kill();
+      await proxy.close();
+    }
+  }
+
   test("a waiting acquire() SIGSTOPped in the server's queue is granted the lock while stopped (pg_locks and the record show it the holder); after SIGCONT past its statement deadline it holds the lock, its signal not aborted, and releases it", async () => {
     await scenarios.waiter;
   });
@@ -397,6 +479,14 @@ describe("a stopped PostgreSQL waiter", { skip: !hasServer }, () => {
 
   test("control: a waiter stopped and continued whose server stopped answering (a frozen connection) still fails with 'did not answer a statement', within its deadline of the resume", async () => {
     console.log(await scenarios.frozenWaiter);
+  });
+
+  test("an acquire whose commit waits for a synchronous standby that is not connected gives up at its statement deadline and cancels the statement, so the backend does not keep the key for everyone else", async () => {
+    console.log(await scenarios.syncRep);
+  });
+
+  test("a holder whose event loop is busy in 1 s chunks still learns its server stopped answering within heartbeatInterval + heartbeatTimeout of the wall clock, plus a chunk: a busy loop is not a stop", async () => {
+    console.log(await scenarios.busyHolder);
   });
 
   test("control: a holder stopped and continued whose server stopped answering (a frozen connection) still loses the lock by its heartbeat, within interval + timeout of the resume", async () => {

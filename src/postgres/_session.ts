@@ -209,9 +209,10 @@ export class Session {
    * runs, unless `background` (the heartbeat). With a `timeout` (ms), a
    * statement with no answer by then ends the session: a server that
    * stopped answering (a silent network partition, a stopped backend)
-   * must not hang the caller until TCP gives up, minutes later. The
-   * timeout counts the time this process ran (see `deadline`): a process
-   * that was stopped reads what arrived meanwhile before it decides.
+   * must not hang the caller until TCP gives up, minutes later. An
+   * expired timeout first lets the event loop read what arrived (see
+   * `deadline`): a process that was stopped reads the answer it got
+   * meanwhile before it decides.
    */
   query(
     text: string,
@@ -269,11 +270,11 @@ export class Session {
   /**
    * Checks the session every `interval` ms with `statement`; if an answer
    * takes longer than `timeout` ms the session counts as lost and is
-   * closed. The timers are unreferenced. The timeout counts the time this
-   * process ran, as a statement's does (see `deadline`): a holder that was
-   * stopped (SIGSTOP, Ctrl-Z, a long GC pause, a blocked event loop) wakes
-   * with the deadline overdue while the answer may already sit in the
-   * socket's buffer, and reads it before it decides.
+   * closed. The timers are unreferenced. As a statement's, an expired
+   * timeout first lets the event loop read what arrived (see `deadline`):
+   * a holder that was stopped (SIGSTOP, Ctrl-Z, a long GC pause, a blocked
+   * event loop) wakes with the deadline overdue while the answer may
+   * already sit in the socket's buffer, and reads it before it decides.
    */
   startHeartbeat(statement: string, interval: number, timeout: number): void {
     let inFlight = false;
@@ -397,6 +398,14 @@ export class Session {
 
   #lose(what: string): void {
     if (this.#lost !== undefined) return;
+    // Our own deadline: the backend may be alive and busy, not gone (a
+    // commit waiting for a synchronous standby that is not connected
+    // holds the advisory lock its statement took, and a closed socket does
+    // not end it while it waits). Ask it to stop, so that it answers into
+    // the closed socket and ends, dropping what it holds.
+    if (this.#pending > 0 && what.startsWith("did not answer")) {
+      void this.#sendCancel();
+    }
     this.#lost = what;
     this.stopHeartbeat();
     // Make the loss real: if only our heartbeat noticed, the server may
