@@ -533,6 +533,30 @@ describe("postgres backend", { skip: !hasServer }, () => {
     }
   });
 
+  test("at a role's CONNECTION LIMIT, a probe after release() closes one of the object's own kept idle sessions and connects, instead of failing with 'too many connections'", async () => {
+    const role = `limit_${process.pid}_${counter++}`;
+    {
+      await using owner = pgLocks(url); // the table, if no test made it yet
+      await (await owner.acquire(unique("limit-table"))).release();
+    }
+    psql(
+      url,
+      `CREATE ROLE ${role} LOGIN CONNECTION LIMIT 1;
+       GRANT SELECT, INSERT, UPDATE ON public.runlock_locks TO ${role};`,
+    );
+    try {
+      const u = new URL(url);
+      u.username = role;
+      await using locks = pgLocks(u.href);
+      const name = unique("limit");
+      await (await locks.acquire(name)).release(); // its session is kept
+      assert.equal((await locks.inspect(name)).state, "free");
+      assert.equal(await locks.held(name), false);
+    } finally {
+      psql(url, `DROP OWNED BY ${role}; DROP ROLE ${role};`);
+    }
+  });
+
   test("a connection refused, a wrong password and a bad URL fail with a clear error that never shows the password", async () => {
     const port = await freePort();
     const t0 = performance.now();

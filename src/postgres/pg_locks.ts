@@ -221,7 +221,7 @@ class PgLocksImpl implements PgLocks, AcquireHost, LockOwner {
         return await this.#probeSession(name); // another probe replaced it
       }
     }
-    const next = this.#connect(name, undefined, "probe").then(async (s) => {
+    const next = this.#probeConnect(name).then(async (s) => {
       // A hot standby's pg_locks shows none of the primary's locks (they
       // are not replicated): its probes would read every held lock stale.
       const rows = await s.query(
@@ -249,6 +249,22 @@ class PgLocksImpl implements PgLocks, AcquireHost, LockOwner {
       if (this.#probe === next) this.#probe = undefined;
     });
     return await next;
+  }
+
+  /**
+   * A new probe session. A server (or role, or database) at its
+   * connection limit may be full of this object's own idle sessions, kept
+   * for the next acquire: close one and connect once more.
+   */
+  async #probeConnect(name: string): Promise<Session> {
+    try {
+      return await this.#connect(name, undefined, "probe");
+    } catch (err) {
+      const cause = (err as { cause?: unknown } | null)?.cause;
+      if (sqlState(cause) !== "53300" || this.#idle.length === 0) throw err;
+      await this.#idle.shift()!.session.close();
+      return await this.#connect(name, undefined, "probe");
+    }
   }
 
   async inspect(name: string): Promise<PgInspection> {

@@ -33,7 +33,11 @@ import type { pgLocks } from "./pg_locks.ts";
 export interface PgLocksOptions {
   /**
    * The schema of the `runlock_locks` table, created on first use (with
-   * the schema) when missing. Default `"public"`.
+   * the schema) when missing: 1 to 63 bytes in UTF-8, no control
+   * characters. Each schema is its own namespace of lock names. Creating
+   * the table needs CREATE on the schema (and on the database for a new
+   * schema); `pgSetupSql` prints the SQL to run once instead. Default
+   * `"public"`.
    */
   schema?: string;
   /**
