@@ -176,8 +176,18 @@ describe("a stopped PostgreSQL waiter", { skip: !hasServer }, () => {
     if (shipped) scenarios.cli = started(stoppedCli);
     scenarios.frozenWaiter = started(frozenWaiter);
     scenarios.frozenHolder = started(frozenHolder);
-    scenarios.syncRep = started(abandonedCommit);
     scenarios.busyHolder = started(busyHolder);
+    // Its cluster starts with blocking calls (initdb, pg_ctl), which would
+    // stall the proxies of the frozen scenarios, in this process, for
+    // seconds: only after them.
+    scenarios.syncRep = started(async () => {
+      await Promise.allSettled([
+        scenarios.frozenWaiter,
+        scenarios.frozenHolder,
+        scenarios.busyHolder,
+      ]);
+      return await abandonedCommit();
+    });
   });
   after(async () => {
     // Each scenario cleans up after itself; wait for all of them.
