@@ -13,7 +13,7 @@
 // test; default: the last of RUNLOCK_NODE_VERSIONS; "all", or "" for none),
 // RUNLOCK_PG_CJS=all (the whole PostgreSQL suite with the CommonJS entry
 // too, not only the contract test).
-import { spawnSync, type SpawnSyncOptions } from "node:child_process";
+import { spawn, spawnSync, type SpawnSyncOptions } from "node:child_process";
 import {
   cpSync,
   existsSync,
@@ -59,6 +59,33 @@ function run(
       }`,
     );
   }
+}
+
+/** `run`, without blocking: other steps may run meanwhile. */
+function runBeside(
+  cmd: string,
+  args: string[],
+  options: { cwd: string },
+): Promise<void> {
+  const started = Date.now();
+  console.log(`\n$ ${cmd} ${args.join(" ")} (beside the next step)`);
+  return new Promise((resolve, reject) => {
+    const child = spawn(cmd, args, { stdio: "inherit", ...options });
+    child.on("error", reject);
+    child.on("close", (code, signal) => {
+      const seconds = ((Date.now() - started) / 1000).toFixed(1);
+      if (code === 0) resolve();
+      else {
+        reject(
+          new Error(
+            `FAILED (${seconds}s, exit ${code ?? signal}): ${cmd} ${
+              args.join(" ")
+            }`,
+          ),
+        );
+      }
+    });
+  });
 }
 
 function summary(): void {
@@ -216,22 +243,27 @@ function nodeCommand(version: string): [string, string[]] {
     ? ["node", []]
     : ["npx", ["--yes", `node@${version}`]];
 }
+// Each Node version's CommonJS set runs beside the next version's ESM set
+// (two test processes at a time; the host-loss and injection tests, which
+// must run alone, are in ESM sets only).
+let beside: Promise<void> | undefined;
 for (const version of versions) {
   const [cmd, prefix] = nodeCommand(version);
-  for (const entry of ["esm", "cjs"]) {
-    await step(
-      `node ${version} (${entry})`,
-      () =>
-        run(cmd, [
-          ...prefix,
-          "--test",
-          "--test-concurrency=2",
-          ...testFiles(`tests-${entry}`, version),
-        ], {
-          cwd: scratch,
-        }),
-    );
-  }
+  const args = (entry: string) => [
+    ...prefix,
+    "--test",
+    "--test-concurrency=2",
+    ...testFiles(`tests-${entry}`, version),
+  ];
+  await step(
+    `node ${version} (esm)`,
+    () => run(cmd, args("esm"), { cwd: scratch }),
+  );
+  await beside;
+  beside = step(
+    `node ${version} (cjs)`,
+    () => runBeside(cmd, args("cjs"), { cwd: scratch }),
+  );
 }
 
 // The README's Node example (try/finally, for Node 20 and 22 without
@@ -270,6 +302,8 @@ for (const version of versions) {
     }
   });
 }
+
+await beside;
 
 const bun = join(scratch, "node_modules", ".bin", "bun");
 if (!process.env.RUNLOCK_SKIP_BUN) {
