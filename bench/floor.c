@@ -1,7 +1,7 @@
 /*
  * The physical floor of runlock's protocol: the system calls of one
  * acquire+release and of one probe (PROTOCOL.md), made directly from C,
- * and nothing else. scripts/bench.ts compiles this with `cc -O2` at run time
+ * and nothing else. bench/bench.ts compiles this with `cc -O2` at run time
  * and compares every runtime against it, measured in the same run.
  *
  *   floor serve [mark]  timing server: reads "<case> <n> <path>" lines on

@@ -1,4 +1,4 @@
-// Set-up for `deno task bench` (scripts/bench.ts): the machine's description,
+// Set-up for `deno task bench` (bench/bench.ts): the machine's description,
 // the C floor compiled on the fly, the npm package built from this checkout
 // in an isolated copy, the pinned incumbents installed into a cache outside
 // the repo, and the worker transpiled for Node and Bun. Nothing here writes
@@ -143,7 +143,7 @@ function checkoutFiles(): string[] {
  * A snapshot of the library to benchmark, in `dir`: the working tree
  * (tracked and untracked files, as git sees them), or the git ref named by
  * RUNLOCK_BENCH_REF (e.g. HEAD, while the working tree is mid-edit). The
- * harness (scripts/bench*.ts, bench/floor.c) always comes from the working
+ * harness (bench/bench*.ts, bench/floor.c) always comes from the working
  * tree. Deno, Node and Bun all run this one snapshot.
  */
 export function snapshot(dir: string): string {
@@ -164,9 +164,9 @@ export function snapshot(dir: string): string {
       copyFileSync(join(root, file), join(dir, file));
     }
   }
-  const harness = readdirSync(join(root, "scripts"))
+  const harness = readdirSync(join(root, "bench"))
     .filter((f) => /^bench.*\.ts$/.test(f))
-    .map((f) => `scripts/${f}`);
+    .map((f) => `bench/${f}`);
   for (const file of [...harness, "bench/floor.c"]) {
     mkdirSync(dirname(join(dir, file)), { recursive: true });
     copyFileSync(join(root, file), join(dir, file));
@@ -287,9 +287,9 @@ export function stagePackage(
   return target;
 }
 
-/** scripts/bench_worker.ts as an ES module that Node and Bun can run. */
+/** bench/bench_worker.ts as an ES module that Node and Bun can run. */
 export function transpileWorker(outFile: string): string {
-  const source = readFileSync(join(root, "scripts", "bench_worker.ts"), "utf8");
+  const source = readFileSync(join(root, "bench", "bench_worker.ts"), "utf8");
   const { outputText } = ts.transpileModule(source, {
     fileName: "bench_worker.ts",
     compilerOptions: {

@@ -3,9 +3,9 @@
 // one logarithmic time axis, with each bar's ratio to the C floor of its
 // group. Plain SVG with system fonts: no chart library, no network fonts.
 //
-//   deno run --allow-read --allow-write --allow-run scripts/bench_chart.ts \
+//   deno run --allow-read --allow-write --allow-run bench/bench_chart.ts \
 //     [bench/results.json] [bench/chart.svg]
-//   deno run --allow-read scripts/bench_chart.ts --markdown [results.json]
+//   deno run --allow-read bench/bench_chart.ts --markdown [results.json]
 //     prints the README's summary table (markdown) instead
 import { spawnSync } from "node:child_process";
 import { readFileSync, writeFileSync } from "node:fs";

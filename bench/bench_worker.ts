@@ -1,4 +1,4 @@
-// The runtime side of `deno task bench` (scripts/bench.ts). The same file
+// The runtime side of `deno task bench` (bench/bench.ts). The same file
 // runs on Deno (from the sources) and, transpiled by bench.ts, on Node and
 // Bun (against the built npm package), so that every runtime is timed by
 // the same code.

@@ -18,7 +18,7 @@
 // Sections: micro (per call), hand-off, contention, start-up and CLI,
 // system calls (strace, when installed), PostgreSQL (when it has landed).
 // Output: a table on stdout, bench/results.json, bench/chart.svg (drawn by
-// scripts/bench_chart.ts from the JSON). The goals of issue 12 are checked
+// bench/bench_chart.ts from the JSON). The goals of issue 12 are checked
 // here, as PASS/MISS lines with the measured ratio, never in tests.
 //
 // Knobs: RUNLOCK_BENCH_ROUNDS (15), RUNLOCK_BENCH_QUICK=1 (a short run for
@@ -144,7 +144,7 @@ const runDir = join(scratch, "run");
 mkdirSync(runDir);
 const pkgDir = stagePackage(pkg, deps, runDir);
 const workerJs = transpileWorker(join(runDir, "bench_worker.mjs"));
-const workerTs = join(snap, "scripts", "bench_worker.ts");
+const workerTs = join(snap, "bench", "bench_worker.ts");
 const bunPath = join(runDir, "node_modules", ".bin", "bun");
 const hasFlock = probeCommand("flock", ["--version"]) !== undefined;
 const versions: Record<string, string> = {
@@ -206,7 +206,7 @@ class LineServer {
   }
 }
 
-/** A runtime worker (scripts/bench_worker.ts) speaking JSON lines. */
+/** A runtime worker (bench/bench_worker.ts) speaking JSON lines. */
 class Worker extends LineServer {
   constructor(readonly name: string) {
     super(
