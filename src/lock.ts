@@ -7,7 +7,6 @@
 
 import {
   type Acquired,
-  attemptLoop,
   DEFAULT_MODE,
   errnoOf,
   type HeldBy,
@@ -16,13 +15,12 @@ import {
   inodeKey,
   lockPath,
   mapError,
-  pin,
-  probe,
   recordSize,
-  runSync,
   type Target,
   within,
 } from "./_protocol.ts";
+import { attemptLoop, pin, runSync } from "./_attempt.ts";
+import { probe } from "./_probe.ts";
 import { ContendedError, HeldError, LockLostError } from "./errors.ts";
 import { checkMeta, type Meta } from "./meta.ts";
 import { MAX_RECORD_BYTES, metaLines } from "./record.ts";
@@ -235,7 +233,7 @@ class RunLock implements Lock {
     } catch {
       named = undefined;
     }
-    const now = p.lstat(this.#target.file);
+    const now = this.#target.pinned.lstat(this.#target.name);
     if (ours(now)) {
       if (this.#moved) {
         return new LockLostError(
@@ -259,7 +257,7 @@ class RunLock implements Lock {
     // (a FIFO swapped in, where open has no O_NONBLOCK): the loss is the news.
     if (!p.openMayBlock) {
       try {
-        const found = probe(this.#target, this.#target.file);
+        const found = probe(this.#target, this.#target.pinned);
         if (found.state === "held" && found.pid > 0) {
           holder = { pid: found.pid, host: found.host };
         }
@@ -295,7 +293,7 @@ class RunLock implements Lock {
   isOwned(): boolean {
     if (this.#handle === undefined) return false;
     try {
-      const now = p.lstat(this.#target.file);
+      const now = this.#target.pinned.lstat(this.#target.name);
       return now !== null && now.dev === this.#id.dev &&
         now.ino === this.#id.ino;
     } catch {
@@ -316,13 +314,13 @@ class RunLock implements Lock {
       // the name names, no other participant can unlink or replace it. Both
       // calls go through the directory pinned at acquire, so a symlink
       // re-pointed in between cannot make them look at two directories.
-      const now = p.lstat(target.file);
+      const now = target.pinned.lstat(target.name);
       if (now === null) {
         lost = "was deleted";
       } else if (now.dev !== this.#id.dev || now.ino !== this.#id.ino) {
         lost = "was replaced by another file";
-      } else {
-        p.unlink(target.file);
+      } else if (target.pinned.unlink(target.name) === "ENOENT") {
+        lost = "was deleted";
       }
     } catch (err) {
       if (errnoOf(err) === "ENOENT") {
@@ -465,7 +463,7 @@ function* acquireSteps(
         interval = Math.min(interval * 2, MAX_POLL_MS)
       ) {
         yield Math.max(0, Math.min(interval, remaining()));
-        if (probe(target, target.file).state !== "held") break;
+        if (probe(target, target.pinned).state !== "held") break;
       }
     }
   } finally {

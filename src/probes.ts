@@ -9,7 +9,8 @@
  * @module
  */
 
-import { elsewhere, lockPath, type Probe, probeSteps } from "./_protocol.ts";
+import { elsewhere, lockPath, type Probe } from "./_protocol.ts";
+import { probeSteps } from "./_probe.ts";
 import { InvalidLockFileError } from "./errors.ts";
 import { platform as p } from "./platform/current.ts";
 

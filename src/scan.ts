@@ -5,14 +5,8 @@
  * @module
  */
 
-import {
-  errnoOf,
-  lockPath,
-  type Probe,
-  probe,
-  RACING_SLEEPS,
-  within,
-} from "./_protocol.ts";
+import { errnoOf, lockPath, type Probe, within } from "./_protocol.ts";
+import { probe, RACING_SLEEPS } from "./_probe.ts";
 import { LockPermissionError, RunlockError } from "./errors.ts";
 import { platform as p } from "./platform/current.ts";
 import { type Inspection, toInspection } from "./probes.ts";
@@ -173,7 +167,7 @@ function listError(err: unknown, dir: string): Error {
 /** One file's probe; `undefined` when it is not something we can read. */
 function look(path: string): Probe | undefined {
   try {
-    return probe(lockPath(path, "scan"), path);
+    return probe(lockPath(path, "scan"));
   } catch {
     // Unreadable, or gone: not a lock we can report.
     return undefined;

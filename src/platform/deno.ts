@@ -287,6 +287,127 @@ let hostnameCache: string | undefined;
 let identityCache: { boot: string; pidns: string } | undefined;
 let runGranted: boolean | undefined;
 
+function createNew(path: string): Handle | "EEXIST" | "ENOENT" {
+  const dir = parent(path);
+  try {
+    need("read", dir, "open");
+    need("write", dir, "open");
+    const file = Deno.openSync(path, {
+      read: true,
+      write: true,
+      createNew: true,
+      mode: 0o644,
+    });
+    return new DenoHandle(file, path);
+  } catch (err) {
+    if (err instanceof Deno.errors.AlreadyExists) return "EEXIST";
+    if (err instanceof Deno.errors.NotFound) return "ENOENT";
+    throw sysError(err, "open", path);
+  }
+}
+
+function openExisting(path: string): Handle | "ENOENT" {
+  // Deno.open has neither O_NOFOLLOW nor O_NONBLOCK, so lstat first: a
+  // symlink is refused without being followed, and a FIFO is never opened
+  // (opening one read-only blocks until a writer comes). Then fstat the
+  // descriptor: if the path was swapped between the two calls, report it
+  // as gone and let the caller retry.
+  need("read", parent(path), "open");
+  let before: Deno.FileInfo;
+  try {
+    before = Deno.lstatSync(path);
+  } catch (err) {
+    if (err instanceof Deno.errors.NotFound) return "ENOENT";
+    throw sysError(err, "lstat", path);
+  }
+  if (before.isSymlink) {
+    throw new SysError("ELOOP", "open", `open '${path}': is a symlink`);
+  }
+  if (!before.isFile) {
+    throw new SysError(
+      "EFTYPE",
+      "open",
+      `open '${path}': not a regular file`,
+    );
+  }
+  let file: Deno.FsFile;
+  try {
+    file = Deno.openSync(path, { read: true });
+  } catch (err) {
+    if (err instanceof Deno.errors.NotFound) return "ENOENT";
+    throw sysError(err, "open", path);
+  }
+  const handle = new DenoHandle(file, path);
+  const after = handle.stat();
+  if (after.dev !== before.dev || after.ino !== (before.ino ?? 0)) {
+    handle.close();
+    throw new SysError("ERACE", "open", `open '${path}': replaced`);
+  }
+  return handle;
+}
+
+function lstat(path: string): FileInfo | null {
+  try {
+    need("read", parent(path), "lstat");
+    return info(Deno.lstatSync(path));
+  } catch (err) {
+    if (err instanceof Deno.errors.NotFound) return null;
+    throw sysError(err, "lstat", path);
+  }
+}
+
+/**
+ * A directory pinned by its canonical path: Deno has no `*at()` calls, so
+ * each entry is named `${prefix}/${name}`.
+ */
+class DenoDir implements Dir {
+  readonly prefix: string;
+  readonly byDescriptor = false;
+
+  constructor(prefix: string) {
+    this.prefix = prefix;
+  }
+
+  create(name: string): Handle | "EEXIST" | "ENOENT" {
+    return createNew(`${this.prefix}/${name}`);
+  }
+
+  open(name: string): Handle | "ENOENT" {
+    return openExisting(`${this.prefix}/${name}`);
+  }
+
+  link(existing: string, created: string): "EEXIST" | "ENOENT" | undefined {
+    const to = `${this.prefix}/${created}`;
+    try {
+      need("write", this.prefix, "link");
+      Deno.linkSync(`${this.prefix}/${existing}`, to);
+      return undefined;
+    } catch (err) {
+      if (err instanceof Deno.errors.AlreadyExists) return "EEXIST";
+      if (err instanceof Deno.errors.NotFound) return "ENOENT";
+      throw sysError(err, "link", to);
+    }
+  }
+
+  unlink(name: string): "ENOENT" | undefined {
+    const path = `${this.prefix}/${name}`;
+    try {
+      need("write", this.prefix, "unlink");
+      Deno.removeSync(path);
+      return undefined;
+    } catch (err) {
+      if (err instanceof Deno.errors.NotFound) return "ENOENT";
+      throw sysError(err, "unlink", path);
+    }
+  }
+
+  lstat(name: string): FileInfo | null {
+    return lstat(`${this.prefix}/${name}`);
+  }
+
+  close(): void {}
+}
+
 /** The Deno platform. */
 export const platform: Platform = {
   runtime: "deno",
@@ -353,59 +474,8 @@ export const platform: Platform = {
     return () => clearInterval(timer);
   },
 
-  createNew(path: string): Handle {
-    const dir = parent(path);
-    try {
-      need("read", dir, "open");
-      need("write", dir, "open");
-      const file = Deno.openSync(path, {
-        read: true,
-        write: true,
-        createNew: true,
-        mode: 0o644,
-      });
-      return new DenoHandle(file, path);
-    } catch (err) {
-      throw sysError(err, "open", path);
-    }
-  },
-
-  openExisting(path: string): Handle {
-    // Deno.open has neither O_NOFOLLOW nor O_NONBLOCK, so lstat first: a
-    // symlink is refused without being followed, and a FIFO is never opened
-    // (opening one read-only blocks until a writer comes). Then fstat the
-    // descriptor: if the path was swapped between the two calls, report it
-    // as gone and let the caller retry.
-    need("read", parent(path), "open");
-    let before: Deno.FileInfo;
-    try {
-      before = Deno.lstatSync(path);
-    } catch (err) {
-      throw sysError(err, "lstat", path);
-    }
-    if (before.isSymlink) {
-      throw new SysError("ELOOP", "open", `open '${path}': is a symlink`);
-    }
-    if (!before.isFile) {
-      throw new SysError(
-        "EFTYPE",
-        "open",
-        `open '${path}': not a regular file`,
-      );
-    }
-    let file: Deno.FsFile;
-    try {
-      file = Deno.openSync(path, { read: true });
-    } catch (err) {
-      throw sysError(err, "open", path);
-    }
-    const handle = new DenoHandle(file, path);
-    const after = handle.stat();
-    if (after.dev !== before.dev || after.ino !== (before.ino ?? 0)) {
-      handle.close();
-      throw new SysError("ERACE", "open", `open '${path}': replaced`);
-    }
-    return handle;
+  openExisting(path: string): Handle | "ENOENT" {
+    return openExisting(path);
   },
 
   openDir(path: string): Dir {
@@ -423,35 +493,11 @@ export const platform: Platform = {
       throw sysError(err, "realpath", path);
     }
     // A file there makes the first create fail with ENOTDIR.
-    return { prefix: real, byDescriptor: false, close() {} };
-  },
-
-  link(existing: string, created: string): void {
-    try {
-      need("write", parent(created), "link");
-      Deno.linkSync(existing, created);
-    } catch (err) {
-      throw sysError(err, "link", created);
-    }
-  },
-
-  unlink(path: string): void {
-    try {
-      need("write", parent(path), "unlink");
-      Deno.removeSync(path);
-    } catch (err) {
-      throw sysError(err, "unlink", path);
-    }
+    return new DenoDir(real);
   },
 
   lstat(path: string): FileInfo | null {
-    try {
-      need("read", parent(path), "lstat");
-      return info(Deno.lstatSync(path));
-    } catch (err) {
-      if (err instanceof Deno.errors.NotFound) return null;
-      throw sysError(err, "lstat", path);
-    }
+    return lstat(path);
   },
 
   mkdirp(path: string): void {

@@ -38,6 +38,7 @@ import { createRequire } from "node:module";
 import { constants as osc, hostname } from "node:os";
 import process from "node:process";
 import {
+  type Dir,
   type FileInfo,
   type Handle,
   type Liveness,
@@ -291,6 +292,110 @@ function procWorks(fd: number): boolean {
   return procFd;
 }
 
+function createNew(path: string): Handle | "EEXIST" | "ENOENT" {
+  try {
+    return new NodeHandle(openSync(path, CREATE, 0o644), path);
+  } catch (err) {
+    const code = (err as { code?: string }).code;
+    if (code === "EEXIST" || code === "ENOENT") return code;
+    throw sysError(err, "open", path);
+  }
+}
+
+function openExisting(path: string): Handle | "ENOENT" {
+  let fd: number;
+  try {
+    fd = openSync(path, OPEN_EXISTING);
+  } catch (err) {
+    const code = (err as { code?: string }).code;
+    if (code === "ENOENT") return code;
+    // A UNIX socket cannot be opened: ENXIO. It is not a regular file.
+    if (code === "ENXIO") {
+      throw new SysError("EFTYPE", "open", `open '${path}': a socket`);
+    }
+    throw sysError(err, "open", path);
+  }
+  const handle = new NodeHandle(fd, path);
+  const kind = handle.stat().kind;
+  if (kind !== "file") {
+    handle.close();
+    throw new SysError(
+      "EFTYPE",
+      "open",
+      `open '${path}': not a regular file`,
+    );
+  }
+  return handle;
+}
+
+function lstat(path: string): FileInfo | null {
+  try {
+    const s = lstatSync(path, { throwIfNoEntry: false });
+    return s ? info(s) : null;
+  } catch (err) {
+    throw sysError(err, "lstat", path);
+  }
+}
+
+/** A pinned directory; entries are named `${prefix}/${name}`. */
+class NodeDir implements Dir {
+  readonly prefix: string;
+  readonly byDescriptor: boolean;
+  #fd: number | undefined;
+
+  constructor(prefix: string, fd: number | undefined) {
+    this.prefix = prefix;
+    this.byDescriptor = fd !== undefined;
+    this.#fd = fd;
+  }
+
+  create(name: string): Handle | "EEXIST" | "ENOENT" {
+    return createNew(`${this.prefix}/${name}`);
+  }
+
+  open(name: string): Handle | "ENOENT" {
+    return openExisting(`${this.prefix}/${name}`);
+  }
+
+  link(existing: string, created: string): "EEXIST" | "ENOENT" | undefined {
+    const to = `${this.prefix}/${created}`;
+    try {
+      linkSync(`${this.prefix}/${existing}`, to);
+      return undefined;
+    } catch (err) {
+      const code = (err as { code?: string }).code;
+      if (code === "EEXIST" || code === "ENOENT") return code;
+      throw sysError(err, "link", to);
+    }
+  }
+
+  unlink(name: string): "ENOENT" | undefined {
+    const path = `${this.prefix}/${name}`;
+    try {
+      unlinkSync(path);
+      return undefined;
+    } catch (err) {
+      if ((err as { code?: string }).code === "ENOENT") return "ENOENT";
+      throw sysError(err, "unlink", path);
+    }
+  }
+
+  lstat(name: string): FileInfo | null {
+    return lstat(`${this.prefix}/${name}`);
+  }
+
+  close(): void {
+    if (this.#fd === undefined) return;
+    const fd = this.#fd;
+    this.#fd = undefined;
+    try {
+      closeSync(fd);
+    } catch {
+      // Gone either way.
+    }
+  }
+}
+
 /** The Node.js and Bun platform. */
 export const platform: Platform = {
   runtime: isBun ? "bun" : "node",
@@ -310,36 +415,8 @@ export const platform: Platform = {
     return hostnameCache;
   },
 
-  createNew(path: string): Handle {
-    try {
-      return new NodeHandle(openSync(path, CREATE, 0o644), path);
-    } catch (err) {
-      throw sysError(err, "open", path);
-    }
-  },
-
-  openExisting(path: string): Handle {
-    let fd: number;
-    try {
-      fd = openSync(path, OPEN_EXISTING);
-    } catch (err) {
-      // A UNIX socket cannot be opened: ENXIO. It is not a regular file.
-      if ((err as { code?: string }).code === "ENXIO") {
-        throw new SysError("EFTYPE", "open", `open '${path}': a socket`);
-      }
-      throw sysError(err, "open", path);
-    }
-    const handle = new NodeHandle(fd, path);
-    const kind = handle.stat().kind;
-    if (kind !== "file") {
-      handle.close();
-      throw new SysError(
-        "EFTYPE",
-        "open",
-        `open '${path}': not a regular file`,
-      );
-    }
-    return handle;
+  openExisting(path: string): Handle | "ENOENT" {
+    return openExisting(path);
   },
 
   openDir(path: string) {
@@ -349,26 +426,10 @@ export const platform: Platform = {
     } catch (err) {
       throw sysError(err, "open", path);
     }
-    if (procWorks(fd)) {
-      return {
-        prefix: `/proc/self/fd/${fd}`,
-        byDescriptor: true,
-        close: () => {
-          try {
-            closeSync(fd);
-          } catch {
-            // Gone either way.
-          }
-        },
-      };
-    }
+    if (procWorks(fd)) return new NodeDir(`/proc/self/fd/${fd}`, fd);
     // No /proc: the canonical path, resolved once.
     try {
-      return {
-        prefix: realpathSync.native(path),
-        byDescriptor: false,
-        close() {},
-      };
+      return new NodeDir(realpathSync.native(path), undefined);
     } catch (err) {
       throw sysError(err, "realpath", path);
     } finally {
@@ -376,29 +437,8 @@ export const platform: Platform = {
     }
   },
 
-  link(existing: string, created: string): void {
-    try {
-      linkSync(existing, created);
-    } catch (err) {
-      throw sysError(err, "link", created);
-    }
-  },
-
-  unlink(path: string): void {
-    try {
-      unlinkSync(path);
-    } catch (err) {
-      throw sysError(err, "unlink", path);
-    }
-  },
-
   lstat(path: string): FileInfo | null {
-    try {
-      const s = lstatSync(path, { throwIfNoEntry: false });
-      return s ? info(s) : null;
-    } catch (err) {
-      throw sysError(err, "lstat", path);
-    }
+    return lstat(path);
   },
 
   mkdirp(path: string): void {

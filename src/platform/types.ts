@@ -50,9 +50,15 @@ export interface Handle {
 }
 
 /**
- * A directory resolved once and pinned: every later call names its entries
- * as `${prefix}/${name}`, so re-pointed symlinks, `..` and `chdir` cannot
+ * A directory resolved once and pinned: every later call of a lock names
+ * its entries relative to it (through the open descriptor with the `*at()`
+ * system calls where the runtime can make them, otherwise as
+ * `${prefix}/${name}`), so re-pointed symlinks, `..` and `chdir` cannot
  * make a later call land in another directory.
+ *
+ * The failures the protocol expects on its hot path (`ENOENT`, `EEXIST`)
+ * are returned as values, never thrown: a free lock or a lost race costs
+ * no exception. Every other failure throws {@linkcode SysError}.
  */
 export interface Dir {
   /**
@@ -61,8 +67,28 @@ export interface Dir {
    * directory's canonical path (symlinks and `..` resolved at pin time).
    */
   readonly prefix: string;
-  /** Whether `prefix` goes through an open descriptor (true pinning). */
+  /** Whether the directory is held by an open descriptor (true pinning). */
   readonly byDescriptor: boolean;
+  /**
+   * Creates `name` with `O_CREAT|O_EXCL|O_RDWR|O_CLOEXEC`, mode 0644.
+   * Never follows a symlink (O_EXCL refuses one). `"EEXIST"` or `"ENOENT"`
+   * (the directory refuses new files, or is gone) as values.
+   */
+  create(name: string): Handle | "EEXIST" | "ENOENT";
+  /**
+   * Opens the existing regular file `name` as
+   * {@linkcode Platform.openExisting} does; `"ENOENT"` as a value.
+   */
+  open(name: string): Handle | "ENOENT";
+  /**
+   * `linkat(2)` of `existing` to `created`, both in this directory:
+   * `undefined` when linked, `"EEXIST"` or `"ENOENT"` as values.
+   */
+  link(existing: string, created: string): "EEXIST" | "ENOENT" | undefined;
+  /** `unlinkat(2)`: `undefined` when removed, `"ENOENT"` as a value. */
+  unlink(name: string): "ENOENT" | undefined;
+  /** `fstatat(2)` without following a symlink, or `null` when missing. */
+  lstat(name: string): FileInfo | null;
   /** Closes the descriptor, if any. Never throws. */
   close(): void;
 }
@@ -79,28 +105,20 @@ export interface Platform {
   /** This host's name, or `""` when it cannot be had without asking. */
   hostname(): string;
   /**
-   * Creates `path` with `O_CREAT|O_EXCL|O_RDWR|O_CLOEXEC`, mode 0644.
-   * Never follows a symlink (O_EXCL refuses one).
-   */
-  createNew(path: string): Handle;
-  /**
    * Opens an existing regular file read-only, close-on-exec, without
    * following a symlink and without blocking on a FIFO.
    * Throws `SysError` `ELOOP` for a symlink, `EFTYPE` for anything that is
    * not a regular file (a socket, FIFO, device or directory), and `ERACE`
    * when the path was replaced while it was being opened (look again).
+   * A missing file is `"ENOENT"`, returned, not thrown.
    */
-  openExisting(path: string): Handle;
+  openExisting(path: string): Handle | "ENOENT";
   /**
    * Resolves the directory `path` once and pins it (see {@linkcode Dir}).
    * Throws `SysError` `ENOENT` when it does not exist, `ENOTDIR` when it is
    * not a directory.
    */
   openDir(path: string): Dir;
-  /** `link(2)`. */
-  link(existing: string, created: string): void;
-  /** `unlink(2)`. */
-  unlink(path: string): void;
   /** `lstat(2)`, or `null` when the path does not exist. */
   lstat(path: string): FileInfo | null;
   /** `mkdir -p`. */

@@ -1,0 +1,214 @@
+/**
+ * Protocol steps 1, 2 and 4 (see PROTOCOL.md): pin the directory, write the
+ * whole record into a temp file under LOCK_EX, link it into place, and the
+ * bounded attempt loop around them.
+ *
+ * @module
+ */
+
+import { ContendedError, RunlockError } from "./errors.ts";
+import { platform as p } from "./platform/current.ts";
+import type { Dir, FileInfo, Handle } from "./platform/types.ts";
+import { formatRecord } from "./record.ts";
+import {
+  type Acquired,
+  encoder,
+  errnoOf,
+  type HeldBy,
+  type LockPath,
+  mapError,
+  MAX_ATTEMPTS,
+  recordHeadHere,
+  type Target,
+  tempName,
+  within,
+} from "./_protocol.ts";
+import { contend } from "./_contend.ts";
+import { sweepAfter } from "./_sweep.ts";
+
+interface Temp {
+  /** The temp file's name in the pinned directory. */
+  name: string;
+  handle: Handle;
+  started: Date;
+  id: FileInfo;
+}
+
+/**
+ * Step 1: a temp file, created new, locked LOCK_EX at once, holding the whole
+ * record, with the lock's mode whatever the umask. `undefined` means a
+ * sweeper got to it before our flock, or 64 random bits collided: try again.
+ */
+function createTemp(
+  target: Target,
+  mode: number,
+  extra: string,
+): Temp | undefined {
+  const name = tempName(target.name);
+  let handle: Handle | "EEXIST" | "ENOENT";
+  try {
+    handle = target.pinned.create(name);
+  } catch (err) {
+    throw mapError(err, target.path, "cannot create the lock");
+  }
+  if (handle === "EEXIST") return undefined;
+  if (handle === "ENOENT") {
+    // The directory was pinned, so it exists (or existed): it refuses
+    // new files. Say that, not "missing directory".
+    throw new RunlockError(
+      target.path,
+      `${target.path}: cannot create the lock: ${target.dir} does not accept new files ` +
+        `(creating one there fails with ENOENT: a virtual filesystem such as /proc or /sys, ` +
+        `or a directory removed since); choose a lock path on a real filesystem`,
+    );
+  }
+  try {
+    if (!handle.tryLock(true)) {
+      // A sweeper holds it and is about to remove it as litter.
+      handle.close();
+      return undefined;
+    }
+    const id = handle.stat();
+    // The umask may have taken bits away (077 makes it 0600, which other
+    // users' probes could not read): set the mode we promise, where that is
+    // safe (see the Deno platform's chmod).
+    if (id.mode !== mode) {
+      try {
+        handle.chmod(mode);
+      } catch (err) {
+        if (errnoOf(err) !== "EUNSAFE") throw err;
+      }
+    }
+    const started = new Date();
+    handle.write(
+      encoder.encode(formatRecord(recordHeadHere(), started, p.runtime, extra)),
+    );
+    return { name, handle, started, id };
+  } catch (err) {
+    discardTemp(target.pinned, {
+      name,
+      handle,
+      started: new Date(0),
+      id: EMPTY,
+    });
+    throw mapError(err, target.path, "cannot write the lock");
+  }
+}
+
+const EMPTY: FileInfo = {
+  dev: 0,
+  ino: 0,
+  size: 0,
+  mode: 0,
+  uid: 0,
+  kind: "other",
+};
+
+function discardTemp(dir: Dir, temp: Temp): void {
+  try {
+    dir.unlink(temp.name); // we hold LOCK_EX on it, so no sweeper can race us
+  } catch {
+    // Not ours to remove: a later sweep handles it.
+  }
+  temp.handle.close();
+}
+
+function backoffMs(attempt: number): number {
+  return Math.min(0.05 * 2 ** attempt, 8) * (0.5 + Math.random() / 2);
+}
+
+/**
+ * Resolves the lock's directory once and pins it, creating it (and its
+ * parents) if it is missing. Every later call of the acquire, and of the
+ * lock it returns, goes through the pinned directory.
+ */
+export function pin(lp: LockPath): Target {
+  let pinned: Dir;
+  try {
+    pinned = p.openDir(lp.dir);
+  } catch (err) {
+    if (errnoOf(err) !== "ENOENT") {
+      throw mapError(err, lp.path, "cannot open the lock's directory");
+    }
+    // The directory is missing: create it, once, off the hot path.
+    try {
+      p.mkdirp(lp.dir);
+      pinned = p.openDir(lp.dir);
+    } catch (err) {
+      throw mapError(err, lp.path, "cannot create the lock's directory");
+    }
+  }
+  return { ...lp, pinned, file: within(pinned.prefix, lp.name) };
+}
+
+/**
+ * One bounded attempt loop (protocol steps 1 to 4). Yields how long to sleep
+ * between attempts, so that the same loop serves sync and async callers.
+ * Returns the lock, or who holds it; throws typed errors.
+ */
+export function* attemptLoop(
+  target: Target,
+  mode: number,
+  extra: string,
+): Generator<number, Acquired | HeldBy, void> {
+  let temp: Temp | undefined;
+  let lastHeld: HeldBy | undefined;
+  let tookOver = false;
+  try {
+    for (let attempt = 1; attempt <= MAX_ATTEMPTS; attempt++) {
+      temp ??= createTemp(target, mode, extra);
+      if (temp === undefined) continue;
+      let linked: "EEXIST" | "ENOENT" | undefined;
+      try {
+        linked = target.pinned.link(temp.name, target.name);
+      } catch (err) {
+        throw mapError(err, target.path, "cannot create the lock");
+      }
+      if (linked === "ENOENT") {
+        // A sweeper removed our temp file just before we locked it.
+        discardTemp(target.pinned, temp);
+        temp = undefined;
+        continue;
+      }
+      if (linked === "EEXIST") {
+        const verdict = contend(target);
+        if (verdict.kind === "retry") {
+          tookOver ||= verdict.tookOver;
+          continue;
+        }
+        if (verdict.kind === "held") {
+          if (verdict.sure) return verdict.held;
+          lastHeld = verdict.held;
+        }
+        yield backoffMs(attempt);
+        continue;
+      }
+      const { handle, started, name, id } = temp;
+      temp = undefined;
+      try {
+        target.pinned.unlink(name);
+      } catch {
+        // Left behind, it is a second name of our locked inode; the sweep
+        // removes it once we are gone.
+      }
+      sweepAfter(target, tookOver);
+      return { handle, id, started };
+    }
+  } finally {
+    if (temp !== undefined) discardTemp(target.pinned, temp);
+  }
+  if (lastHeld !== undefined) return lastHeld;
+  throw new ContendedError(target.path, MAX_ATTEMPTS);
+}
+
+const sleeper = new Int32Array(new SharedArrayBuffer(4));
+
+/** Drives a generator of sleeps with blocking sleeps. */
+export function runSync<T>(steps: Generator<number, T, void>): T {
+  let step = steps.next();
+  while (!step.done) {
+    Atomics.wait(sleeper, 0, 0, step.value);
+    step = steps.next();
+  }
+  return step.value;
+}
