@@ -287,11 +287,15 @@ export function stagePackage(
   return target;
 }
 
-/** bench/bench_worker.ts as an ES module that Node and Bun can run. */
-export function transpileWorker(outFile: string): string {
-  const source = readFileSync(join(root, "bench", "bench_worker.ts"), "utf8");
+/** A bench/ script (bench_worker.ts by default) as an ES module that Node
+ * and Bun can run. */
+export function transpileWorker(
+  outFile: string,
+  script = "bench_worker.ts",
+): string {
+  const source = readFileSync(join(root, "bench", script), "utf8");
   const { outputText } = ts.transpileModule(source, {
-    fileName: "bench_worker.ts",
+    fileName: script,
     compilerOptions: {
       target: ts.ScriptTarget.ES2022,
       module: ts.ModuleKind.ES2022,

@@ -53,14 +53,19 @@ const FLOOR_OF: Record<string, string> = {
   heldHeld: "probe_noread",
   inspectHeld: "probe",
   bareProbe: "probe",
+  bareSafeProbe: "probe",
   heldFree: "probe_missing",
+  inspectFree: "probe_missing",
 };
 
 const OPS: [string, string, string[]][] = [
   ["acquire+release", "acquire", ["bareAcquire", "acquireSync", "acquire"]],
-  ["held() on a held lock", "probe_noread", ["heldHeld"]],
+  ["held() on a held lock", "probe_noread", ["bareSafeProbe", "heldHeld"]],
   ["inspect() on a held lock", "probe", ["bareProbe", "inspectHeld"]],
-  ["held() on a free lock", "probe_missing", ["heldFree"]],
+  ["held()/inspect() on a free lock", "probe_missing", [
+    "heldFree",
+    "inspectFree",
+  ]],
 ];
 
 export interface Counts {
@@ -210,13 +215,13 @@ export function auditSyscalls(ctx: AuditContext): SyscallAudit | undefined {
   for (const [title, floorCase, cases] of OPS) {
     lines.push(`${title}:`);
     const floor = sides.c?.[floorCase];
-    if (floor) lines.push(`  ${"C floor".padEnd(24)} ${describe(floor)}`);
+    if (floor) lines.push(`  ${"C floor".padEnd(28)} ${describe(floor)}`);
     for (const [side, counts] of Object.entries(sides)) {
       if (side === "c") continue;
       for (const c of cases) {
         if (!counts[c]) continue;
         const label = `${side} ${c}`;
-        lines.push(`  ${label.padEnd(24)} ${describe(counts[c])}`);
+        lines.push(`  ${label.padEnd(28)} ${describe(counts[c])}`);
       }
     }
   }

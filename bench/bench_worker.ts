@@ -156,6 +156,15 @@ function cases(paths: Paths): Record<string, Case> {
       }
       return performance.now() - start;
     },
+    async inspectFree(n) {
+      const start = performance.now();
+      for (let i = 0; i < n; i++) {
+        if ((await lib.inspect(paths.free)).state !== "free") {
+          throw new Error("not free");
+        }
+      }
+      return performance.now() - start;
+    },
     async inspectHeld(n) {
       const start = performance.now();
       for (let i = 0; i < n; i++) {
@@ -181,7 +190,10 @@ function cases(paths: Paths): Record<string, Case> {
       return performance.now() - start;
     };
   }
-  if (isDeno) table.bareProbe = bareProbe(paths.held);
+  if (isDeno) {
+    table.bareProbe = bareProbe(paths.held);
+    table.bareSafeProbe = bareSafeProbe(paths.held);
+  }
   if (paths.tmpfsDir) {
     for (const [name, run] of Object.entries(acquireCases(paths.tmpfsDir))) {
       if (name !== "properLockfile" && name !== "properLockfileSync") {
@@ -195,8 +207,9 @@ function cases(paths: Paths): Record<string, Case> {
 /**
  * The floor that Deno's own op overhead allows: the protocol's system calls
  * made bare through `Deno.*`, with no checks, no errors mapped, no record
- * parsed. (Deno.removeSync adds an lstat before each unlink, and Deno.open
- * has no O_NOFOLLOW, so the bare probe opens without the lstat runlock needs.)
+ * parsed, plus the realpath that pinning the directory needs on Deno (it has
+ * no directory descriptors to pin: issue 17 counts it in the baseline).
+ * (Deno.removeSync adds an lstat before each unlink.)
  */
 function bareAcquire(dir: string): Case {
   const record = new TextEncoder().encode(
@@ -204,12 +217,13 @@ function bareAcquire(dir: string): Case {
       new Date().toISOString()
     }\nruntime=deno\n`,
   );
-  const lockPath = join(dir, "bare.lock");
   let serial = 0;
   return (n) => {
     const start = performance.now();
     for (let i = 0; i < n; i++) {
-      const temp = join(dir, `.bare.lock.${(serial++).toString(16)}.tmp`);
+      const real = Deno.realPathSync(dir);
+      const lockPath = `${real}/bare.lock`;
+      const temp = `${real}/.bare.lock.${(serial++).toString(16)}.tmp`;
       const file = Deno.openSync(temp, {
         read: true,
         write: true,
@@ -229,13 +243,40 @@ function bareAcquire(dir: string): Case {
   };
 }
 
-/** The probe's calls bare through Deno.*: open, flock, read, close. */
+/**
+ * The probe's calls bare through Deno.*: open, flock, read, close (what the
+ * C probe makes, but without its O_NOFOLLOW and O_NONBLOCK, which Deno.open
+ * lacks).
+ */
 function bareProbe(held: string): Case {
   const buf = new Uint8Array(4097);
   return (n) => {
     const start = performance.now();
     for (let i = 0; i < n; i++) {
       const file = Deno.openSync(held, { read: true });
+      file.tryLockSync(false);
+      file.readSync(buf);
+      file.close();
+    }
+    return performance.now() - start;
+  };
+}
+
+/**
+ * The safe probe bare through Deno.*: lstat (refuse a symlink or a FIFO,
+ * since Deno.open has neither O_NOFOLLOW nor O_NONBLOCK), open, fstat (the
+ * same inode as the lstat?), flock, read, close. Issue 17's baseline for
+ * Deno's held().
+ */
+function bareSafeProbe(held: string): Case {
+  const buf = new Uint8Array(4097);
+  return (n) => {
+    const start = performance.now();
+    for (let i = 0; i < n; i++) {
+      const before = Deno.lstatSync(held);
+      if (!before.isFile) throw new Error("not a file");
+      const file = Deno.openSync(held, { read: true });
+      if (file.statSync().ino !== before.ino) throw new Error("replaced");
       file.tryLockSync(false);
       file.readSync(buf);
       file.close();

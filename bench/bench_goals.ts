@@ -1,0 +1,394 @@
+// The goals of `deno task bench`, checked on one run's figures, as ratios
+// against baselines of the same run (never as timed tests). Issue 17's list
+// first; then the goals of earlier issues that still hold. Every goal's
+// detail carries the figures that explain a miss: the two sides' times, the
+// bare runtime's own ratio, the system calls counted by the audit.
+import type { ScaleSection } from "./bench_scale.ts";
+import type { SyscallAudit } from "./bench_syscalls.ts";
+
+export interface Goal {
+  goal: string;
+  value?: number;
+  limit: number;
+  unit: string;
+  pass?: boolean;
+  detail: string;
+  /** Which issue set the goal. */
+  issue: number;
+}
+
+interface GoalRow {
+  id: string;
+  best: number;
+  median: number;
+  ratio?: number;
+  vsBare?: number;
+  extra?: Record<string, unknown>;
+}
+
+export interface GoalInput {
+  groups: { id: string; rows: GoalRow[] }[];
+  syscalls?: SyscallAudit;
+  scale?: ScaleSection;
+}
+
+export function fmt(x: number | undefined, digits = 2): string {
+  if (x === undefined || Number.isNaN(x)) return "";
+  if (x >= 1000) return x.toFixed(0);
+  if (x >= 100) return x.toFixed(1);
+  return x.toFixed(digits);
+}
+
+const WHO: Record<string, string> = { deno: "Deno", node: "Node", bun: "Bun" };
+
+/** Issue 17's goals, then the earlier issues' that still apply. */
+export function checkGoals(input: GoalInput): Goal[] {
+  const goals: Goal[] = [];
+  const find = (gid: string, id: string) =>
+    input.groups.find((g) => g.id === gid)?.rows.find((r) => r.id === id);
+  const versus = (gid: string, a: string, b: string, what: string) => {
+    const x = find(gid, a);
+    const y = find(gid, b);
+    return x && y ? `; ${what} ${fmt(x.best / y.best)}×` : "";
+  };
+  /** "; 11 file-system calls (C floor 9)", from the strace audit. */
+  const calls = (id: string, floorCase: string) => {
+    const [side, c] = id.split(":");
+    const mine = input.syscalls?.sides[side]?.[c.split("@")[0]];
+    const floor = input.syscalls?.sides.c?.[floorCase];
+    if (!mine) return "";
+    const names = Object.entries(mine.fs)
+      .filter(([, n]) => n >= 0.05)
+      .map(([k, n]) => `${k} ${n}`)
+      .join(", ");
+    return `; ${mine.fsTotal} file-system call${
+      mine.fsTotal === 1 ? "" : "s"
+    } (${names})${floor ? ` against the C floor's ${floor.fsTotal}` : ""}`;
+  };
+  const ratio = (
+    goal: string,
+    gid: string,
+    id: string,
+    limit: number,
+    against: "ratio" | "vsBare" = "ratio",
+    context = "",
+    issue = 17,
+  ) => {
+    const row = find(gid, id);
+    const value = row?.[against];
+    goals.push({
+      goal,
+      value,
+      limit,
+      unit: "×",
+      pass: value === undefined ? undefined : value <= limit,
+      detail: row
+        ? `${fmt(row.best)} µs vs ${
+          against === "ratio" ? "C floor" : "bare Deno.*"
+        }${context}`
+        : "not measured",
+      issue,
+    });
+  };
+
+  // acquire+release, ext4 (the lock directory's file system)
+  const tmpfs = (id: string) =>
+    versus("acquire-tmpfs", `${id}@tmpfs`, "c:acquire@tmpfs", "on tmpfs");
+  for (
+    const [id, limit, what] of [
+      ["node:acquireSync", 1.3, "Node sync"],
+      ["node:acquire", 1.4, "Node async"],
+      ["bun:acquireSync", 1.3, "Bun sync"],
+      ["bun:acquire", 1.3, "Bun async"],
+    ] as const
+  ) {
+    ratio(
+      `acquire+release, ${what} ≤ ${limit}× C floor`,
+      "acquire",
+      id,
+      limit,
+      "ratio",
+      `${tmpfs(id)}${calls(id, "acquire")}`,
+    );
+  }
+  ratio(
+    "acquire+release, Deno sync ≤ 1.5× C floor",
+    "acquire",
+    "deno:acquireSync",
+    1.5,
+    "ratio",
+    `${
+      versus(
+        "acquire",
+        "deno:bareAcquire",
+        "c:acquire",
+        "bare Deno.* calls (with realpath) are",
+      )
+    }${calls("deno:acquireSync", "acquire")}`,
+  );
+  ratio(
+    "acquire+release, Deno sync ≤ 1.15× its bare Deno.* calls (with the realpath pinning needs)",
+    "acquire",
+    "deno:acquireSync",
+    1.15,
+    "vsBare",
+    `${
+      (() => {
+        const a = find("acquire", "deno:acquireSync");
+        const b = find("acquire", "deno:bareAcquire");
+        return a && b
+          ? ` (${fmt(b.best)} µs): ${fmt(a.best - b.best)} µs more`
+          : "";
+      })()
+    }${calls("deno:acquireSync", "acquire")}${
+      calls("deno:bareAcquire", "acquire").replace("; ", "; bare: ")
+    }`,
+  );
+
+  // probes
+  for (const rt of ["node", "bun"]) {
+    ratio(
+      `held() on a held lock, ${WHO[rt]} ≤ 2× floor probe`,
+      "held",
+      `${rt}:heldHeld`,
+      2,
+      "ratio",
+      `${
+        versus(
+          "held",
+          `${rt}:heldHeld`,
+          "c:probe_noread",
+          "against the floor without read",
+        )
+      }${calls(`${rt}:heldHeld`, "probe_noread")}`,
+    );
+    ratio(
+      `inspect() on a held lock, ${WHO[rt]} ≤ 2.5× floor probe`,
+      "inspect",
+      `${rt}:inspectHeld`,
+      2.5,
+      "ratio",
+      calls(`${rt}:inspectHeld`, "probe"),
+    );
+  }
+  ratio(
+    "held() on a held lock, Deno ≤ 1.15× its safe bare sequence (lstat, open, fstat, flock, read, close)",
+    "held",
+    "deno:heldHeld",
+    1.15,
+    "vsBare",
+    `${
+      versus(
+        "held",
+        "deno:bareSafeProbe",
+        "c:probe",
+        "the safe bare sequence is",
+      )
+    } the C probe${calls("deno:heldHeld", "probe_noread")}`,
+  );
+  for (const rt of ["deno", "node", "bun"]) {
+    for (
+      const [c, what] of [["heldFree", "held()"], ["inspectFree", "inspect()"]]
+    ) {
+      ratio(
+        `${what} on a free lock, ${WHO[rt]} ≤ 3× the floor's failed open`,
+        "free",
+        `${rt}:${c}`,
+        3,
+        "ratio",
+        calls(`${rt}:${c}`, "probe_missing"),
+      );
+    }
+  }
+
+  // the incumbent
+  {
+    const pl = find("acquire", "node:properLockfile");
+    const ours = find("acquire", "node:acquire");
+    const value = pl && ours
+      ? Math.round((pl.best / ours.best) * 1000) / 1000
+      : undefined;
+    goals.push({
+      goal: "≥ 5× faster than proper-lockfile at acquire+release (Node, async)",
+      value,
+      limit: 5,
+      unit: "× faster",
+      pass: value === undefined ? undefined : value >= 5,
+      detail: pl && ours
+        ? `${pl.best.toFixed(1)} µs vs ${ours.best.toFixed(1)} µs`
+        : "not measured",
+      issue: 17,
+    });
+  }
+
+  scaleGoals(input.scale, goals);
+
+  // hand-off
+  for (const rt of ["deno", "node", "bun"]) {
+    for (const [kind, limit] of [["release", 2], ["kill", 10]] as const) {
+      const row = find("handoff", `${rt}:runlock:${kind}`);
+      if (!row) continue;
+      goals.push({
+        goal: `hand-off after ${kind === "kill" ? "SIGKILL" : "release"}, ${
+          WHO[rt]
+        } ≤ ${limit} ms (median)`,
+        value: row.median,
+        limit,
+        unit: "ms",
+        pass: row.median <= limit,
+        detail: `median of ${(row.extra!.samples as number[]).length}, worst ${
+          fmt(row.extra!.max as number)
+        } ms`,
+        issue: 17,
+      });
+    }
+  }
+
+  // earlier issues
+  {
+    const lf = find("acquire", "node:lockfileSync");
+    const sync = find("acquire", "node:acquireSync");
+    const v = lf && sync
+      ? Math.round((sync.best / lf.best) * 1000) / 1000
+      : undefined;
+    goals.push({
+      goal: "faster than npm lockfile, or within 1.2× (Node, sync)",
+      value: v,
+      limit: 1.2,
+      unit: "×",
+      pass: v === undefined ? undefined : v <= 1.2,
+      detail: lf && sync
+        ? `${sync.best.toFixed(1)} µs vs ${lf.best.toFixed(1)} µs${
+          versus(
+            "acquire",
+            "c:acquire",
+            "node:lockfileSync",
+            "the C floor of the protocol (9 calls) against npm lockfile (3 calls: open, close, unlink) is",
+          )
+        }`
+        : "not measured",
+      issue: 12,
+    });
+  }
+  for (const [rt, limit] of [["node", 10], ["deno", 5]] as const) {
+    const row = find("startup", `${rt}:import`);
+    if (!row) continue;
+    const added = row.extra!.addedBest as number;
+    goals.push({
+      goal: `importing runlock adds ≤ ${limit} ms to a ${WHO[rt]} start`,
+      value: added,
+      limit,
+      unit: "ms",
+      pass: added <= limit,
+      detail: `best ${row.best.toFixed(1)} ms vs empty ${
+        (row.best - added).toFixed(1)
+      } ms`,
+      issue: 12,
+    });
+  }
+  for (const rt of ["deno", "node"]) {
+    if (!find("scan", `${rt}:scan`)) continue;
+    ratio(
+      `scan() of 10,000 locks, ${WHO[rt]} ≤ 3× floor`,
+      "scan",
+      `${rt}:scan`,
+      3,
+      "ratio",
+      "",
+      10,
+    );
+  }
+  return goals;
+}
+
+function scaleGoals(s: ScaleSection | undefined, goals: Goal[]): void {
+  if (!s) return;
+  const z = s.sizes;
+  const quick = z.files < 100_000 ? " (quick sizes)" : "";
+  const push = (g: Omit<Goal, "pass" | "issue">, pass: boolean) =>
+    goals.push({ ...g, pass, issue: 17 });
+  for (const [rt, v] of Object.entries(s.newName)) {
+    push({
+      goal: `a new name in a directory of ${
+        z.files.toLocaleString("en")
+      } files, ${WHO[rt]} ≤ 3× an empty directory${quick}`,
+      value: v.ratio,
+      limit: 3,
+      unit: "×",
+      detail: `median ${fmt(v.fullMedianUs)} µs vs ${
+        fmt(v.emptyMedianUs)
+      } µs (p90 ${fmt(v.fullP90Us)} vs ${fmt(v.emptyP90Us)})`,
+    }, v.ratio <= 3);
+  }
+  for (const [rt, v] of Object.entries(s.manyLocks)) {
+    const short = v.reached < z.locks;
+    push({
+      goal: `holding ${z.locks.toLocaleString("en")} locks in one directory, ${
+        WHO[rt]
+      }: the last ${z.block} acquisitions ≤ 2× the first ${z.block}${quick}`,
+      value: v.ratio,
+      limit: 2,
+      unit: "×",
+      detail: `${
+        short ? `stopped by its time budget at ${v.reached} locks; ` : ""
+      }${fmt(v.lastUs)} µs vs ${fmt(v.firstUs)} µs per acquisition; by block: ${
+        v.blocksUs.join(", ")
+      }`,
+    }, !short && v.ratio <= 2);
+  }
+  for (const [rt, v] of Object.entries(s.waiters)) {
+    const limit = z.waiters >= 50
+      ? 0.5
+      : 0.5 * (z.waiters / 50) * (z.waitMs / 6000);
+    push({
+      goal: `${z.waiters} waiters on a held lock for ${z.waitMs / 1000} s, ${
+        WHO[rt]
+      }: ≤ ${fmt(limit)} CPU-seconds in all${quick}`,
+      value: v.cpuSeconds,
+      limit,
+      unit: "CPU-s",
+      detail: `each waiter ${fmt(v.cpuMsEach.median)} ms median, ${
+        fmt(v.cpuMsEach.max)
+      } ms at most`,
+    }, v.cpuSeconds <= limit);
+    push({
+      goal: `timeout overshoot with ${z.waiters} waiters, ${
+        WHO[rt]
+      }: median ≤ 20 ms${quick}`,
+      value: v.overshootMs.median,
+      limit: 20,
+      unit: "ms",
+      detail: `p90 ${fmt(v.overshootMs.p90)} ms, worst ${
+        fmt(v.overshootMs.worst)
+      } ms`,
+    }, v.overshootMs.median <= 20);
+    push({
+      goal: `timeout overshoot with ${z.waiters} waiters, ${
+        WHO[rt]
+      }: worst ≤ 100 ms${quick}`,
+      value: v.overshootMs.worst,
+      limit: 100,
+      unit: "ms",
+      detail: `median ${fmt(v.overshootMs.median)} ms, p90 ${
+        fmt(v.overshootMs.p90)
+      } ms`,
+    }, v.overshootMs.worst <= 100);
+  }
+  for (const [rt, v] of Object.entries(s.rss)) {
+    const at = (p: { rssMb: number; heapMb: number }[]) =>
+      p.map((x) => x.rssMb).join(" → ");
+    push({
+      goal: `${z.cycles.toLocaleString("en")} acquire/release cycles, ${
+        WHO[rt]
+      }: RSS ≤ 1.5× a bare control's${quick}`,
+      value: v.ratio,
+      limit: 1.5,
+      unit: "×",
+      detail: `${fmt(v.runlockMb)} MB vs ${fmt(v.bareMb)} MB; runlock ${
+        at(v.runlock)
+      } MB (heap at the end ${
+        v.runlock[v.runlock.length - 1].heapMb
+      } MB); bare ${at(v.bare)} MB`,
+    }, v.ratio <= 1.5);
+  }
+}
