@@ -21,6 +21,8 @@ import {
 } from "./_protocol.ts";
 import { attemptLoop, pin, runSync } from "./_attempt.ts";
 import { probe } from "./_probe.ts";
+import { every, type Tick } from "./_timer.ts";
+import { listen, type Listener } from "./_watch.ts";
 import { ContendedError, HeldError, LockLostError } from "./errors.ts";
 import { checkMeta, type Meta } from "./meta.ts";
 import { MAX_RECORD_BYTES, metaLines } from "./record.ts";
@@ -157,8 +159,14 @@ class RunLock implements Lock {
   #target: Target;
   #handle: Handle | undefined;
   #id: FileInfo;
-  #lost = new AbortController();
-  #stop: (() => void)[] = [];
+  /** The loss, once found; the signal is made only when read. */
+  #reason: LockLostError | undefined;
+  #signal: AbortSignal | undefined;
+  #controller: AbortController | undefined;
+  /** The lock's place on the shared timer and in the shared watch. */
+  #tick: Tick | undefined;
+  #listener: Listener | undefined;
+  #watching = false;
   /** The lock file's path as first seen, when pinned by a descriptor. */
   #named: string | undefined;
   /** A watch saw our name created, removed or renamed. */
@@ -177,18 +185,22 @@ class RunLock implements Lock {
     this.#handle = acquired.handle;
     this.#id = acquired.id;
     heldHere.set(inodeKey(acquired.id), acquired.started);
-    // Loss is an event: watch the directory where that keeps nothing alive,
-    // and check on an unref'd timer.
-    const check = () => this.#check();
     // checkInterval 0: the lock never looks at its file on its own (no
-    // timer, no watch); only release() finds a loss.
+    // check, no watch); only release() finds a loss.
     if (checkInterval === 0) return;
-    this.#stop.push(p.unrefInterval(check, checkInterval));
-    // The watch starts once the event loop turns, not here: a lock taken
-    // and released in one synchronous stretch (a CLI, a tight loop) pays
-    // for no watcher, and leaves none waiting to be freed.
-    this.#stop.push(p.unrefLater(() => {
-      if (this.#handle === undefined) return;
+    // Loss is an event: the shared watch of the directory, where it keeps
+    // nothing alive, and checks on the shared unref'd timer. Its first
+    // call comes once the event loop turns, not here: a lock taken and
+    // released in one synchronous stretch (a CLI, a tight loop) pays for
+    // no watch and no timer, only a place in a list.
+    this.#tick = every(checkInterval, () => this.#onTick());
+  }
+
+  #onTick(): void {
+    if (this.#handle === undefined) return;
+    if (!this.#watching) {
+      this.#watching = true;
+      const target = this.#target;
       // Where the directory is pinned by a descriptor, its path can move
       // away from the lock (the directory renamed, another made in its
       // place, where a new run may start): remember where the file is now.
@@ -196,25 +208,41 @@ class RunLock implements Lock {
         const dir = p.realDir(target.pinned.prefix);
         if (dir !== "") this.#named = within(dir, target.name);
       }
-      const unwatch = p.watchDir(target.pinned.prefix, (name, moved) => {
-        if (name !== target.name) return;
+      this.#listener = listen(target.pinned, target.name, (moved) => {
         // Nobody else creates, removes or renames our name while we hold
         // it: such an event is a loss even if the file is back by the time
         // we look (moved aside, another run in and out, moved back).
         if (moved) this.#moved = true;
-        check();
+        this.#check();
       }, false);
-      if (unwatch) this.#stop.push(unwatch);
-      check(); // anything that happened before the watch began
-    }));
+    }
+    this.#check(); // at the first call: anything before the watch began
   }
 
   get signal(): AbortSignal {
-    return this.#lost.signal;
+    if (this.#signal === undefined) {
+      if (this.#reason !== undefined) {
+        this.#signal = AbortSignal.abort(this.#reason);
+      } else {
+        this.#controller = new AbortController();
+        this.#signal = this.#controller.signal;
+      }
+    }
+    return this.#signal;
+  }
+
+  /** Reports the loss, once, to the signal (now or when first read). */
+  #lose(reason: LockLostError): void {
+    if (this.#reason !== undefined) return;
+    this.#reason = reason;
+    this.#controller?.abort(reason);
   }
 
   #stopWatching(): void {
-    for (const stop of this.#stop.splice(0)) stop();
+    this.#tick?.stop();
+    this.#tick = undefined;
+    this.#listener?.stop();
+    this.#listener = undefined;
   }
 
   /** What happened to our file, or undefined while it is ours. */
@@ -274,7 +302,7 @@ class RunLock implements Lock {
   }
 
   #check(): void {
-    if (this.#handle === undefined || this.#lost.signal.aborted) return;
+    if (this.#handle === undefined || this.#reason !== undefined) return;
     let loss: LockLostError | undefined;
     try {
       loss = this.#loss();
@@ -283,7 +311,7 @@ class RunLock implements Lock {
     }
     if (loss === undefined) return;
     this.#stopWatching();
-    this.#lost.abort(loss);
+    this.#lose(loss);
   }
 
   get released(): boolean {
@@ -337,7 +365,7 @@ class RunLock implements Lock {
       // Say what release finds now; a loss the watch had not reported yet
       // happened while held, so the signal reports it too.
       const error = new LockLostError(this.path, this.pid, lost);
-      if (!this.#lost.signal.aborted) this.#lost.abort(error);
+      this.#lose(error);
       throw error;
     }
   }
@@ -358,6 +386,19 @@ class RunLock implements Lock {
   [Symbol.asyncDispose](): Promise<void> {
     return this.release();
   }
+}
+
+/** Record sizes by their variable part: encoded once per distinct meta. */
+const sizes = new Map<string, number>();
+
+function recordSizeOf(extra: string): number {
+  let size = sizes.get(extra);
+  if (size === undefined) {
+    size = recordSize(extra);
+    if (sizes.size >= 256) sizes.clear(); // a bound, not a working set
+    sizes.set(extra, size);
+  }
+  return size;
 }
 
 interface Checked {
@@ -403,7 +444,7 @@ function checkOptions(
   }
   const meta = checkMeta(options?.meta);
   const extra = identityHere() + metaLines(meta);
-  const size = recordSize(extra);
+  const size = recordSizeOf(extra);
   if (size > MAX_RECORD_BYTES) {
     const longest = Object.entries(meta).sort((a, b) =>
       b[1].length - a[1].length
@@ -415,21 +456,53 @@ function checkOptions(
   return { timeout, mode, meta, extra, checkInterval };
 }
 
-// A SIGKILLed holder's flock drops 2 to 7 ms after the signal (the kernel
-// frees memory before files) and no file event says so: 5 ms polls keep the
-// hand-off within a few ms for about 10 µs of work per poll.
-const MAX_POLL_MS = 5;
+/** How a waiter's sleeps between two looks grow, and up to what. */
+interface Sleeps {
+  /** The longest sleep, in milliseconds. */
+  max: number;
+  /** The factor from one sleep to the next. */
+  growth: number;
+}
+
+/**
+ * An async waiter sleeps on the watch; its looks are the fallback for an
+ * event the watch missed (so a missed event costs latency, not the
+ * hand-off), and each costs a wake-up of the process (0.3 ms of CPU or
+ * more on a loaded machine: 50 waiters polling every 5 ms burnt both
+ * cores). Deno's watch reports a holder's close (a SIGKILLed holder's
+ * descriptor closed by the kernel: IN_CLOSE_WRITE, as "access"), so there
+ * the looks can be rare. Node's and Bun's (libuv's inotify mask, Bun's)
+ * report no close: there the looks are what finds a dead holder, and come
+ * at least every 250 ms.
+ */
+const ASYNC_SLEEPS: Sleeps = {
+  max: p.runtime === "deno" ? 1000 : 250,
+  growth: 4,
+};
+/** A synchronous waiter cannot watch: it looks more often. */
+const SYNC_SLEEPS: Sleeps = { max: 50, growth: 2 };
+
+/** Tells the steps that a sleep was cut short by an event. */
+interface Woken {
+  woken: boolean;
+}
 
 /**
  * The whole acquire: attempt loops, and between them, while the lock is
- * held and time remains, polls of the read-only probe (no temp files, no
- * writes) until the lock looks free. Yields sleeps; `onWait` is called once
- * when waiting starts. Closes the pinned directory unless it returns.
+ * held and time remains, looks of the read-only probe (no temp files, no
+ * writes) until the lock looks free. Yields sleeps, each at most up to the
+ * deadline (so a timeout fires on time), growing from 1 ms to `sleeps.max`
+ * and back to 1 ms after a sleep that an event cut short (`woken`): a
+ * holder's close comes microseconds before its flock goes. `onWait` is
+ * called once when waiting starts. Closes the pinned directory unless it
+ * returns.
  */
 function* acquireSteps(
   target: Target,
   { timeout, mode, extra }: Checked,
   onWait: () => void,
+  sleeps: Sleeps,
+  wake: Woken,
 ): Generator<number, Acquired, void> {
   let done = false;
   try {
@@ -455,14 +528,12 @@ function* acquireSteps(
         });
       }
       if (!waited) onWait();
-      // Poll with a growing interval (1 ms to 5 ms) until the lock looks
-      // free or time is up; a watcher may cut a sleep short.
-      for (
-        let interval = 1;
-        remaining() > 0;
-        interval = Math.min(interval * 2, MAX_POLL_MS)
-      ) {
+      for (let interval = 1; remaining() > 0;) {
+        wake.woken = false;
         yield Math.max(0, Math.min(interval, remaining()));
+        interval = wake.woken
+          ? 1
+          : Math.min(interval * sleeps.growth, sleeps.max);
         if (probe(target, target.pinned).state !== "held") break;
       }
     }
@@ -526,12 +597,21 @@ export async function acquire(
   signal?.throwIfAborted();
   const target = pin(lp);
   let wake: (() => void) | undefined;
-  let unwatch: (() => void) | undefined;
-  const steps = acquireSteps(target, checked, () => {
-    unwatch = p.watchDir(target.pinned.prefix, (changed) => {
-      if (changed === target.name) wake?.();
-    });
-  });
+  let listener: Listener | undefined;
+  const woken: Woken = { woken: false };
+  // A waiter sleeps on the shared watch of the directory: woken by the
+  // removal or rename of the name (a release unlinks it) and, where the
+  // runtime reports it, by the holder's close (a dying holder's descriptor
+  // is closed by the kernel).
+  const steps = acquireSteps(
+    target,
+    checked,
+    () => {
+      listener = listen(target.pinned, target.name, () => wake?.(), true);
+    },
+    ASYNC_SLEEPS,
+    woken,
+  );
   try {
     let step = steps.next();
     while (!step.done) {
@@ -542,13 +622,17 @@ export async function acquire(
           wake = undefined;
           resolve();
         };
+        const woke = () => {
+          woken.woken = true;
+          done();
+        };
         const abort = () => {
           clearTimeout(timer);
           wake = undefined;
           reject(signal?.reason);
         };
         const timer = setTimeout(done, step.value as number);
-        wake = done;
+        wake = woke;
         signal?.addEventListener("abort", abort, { once: true });
       });
       step = steps.next();
@@ -556,7 +640,7 @@ export async function acquire(
     return new RunLock(target, step.value, checked.meta, checked.checkInterval);
   } finally {
     steps.return(undefined as never); // discards a temp file on abort
-    unwatch?.();
+    listener?.stop();
   }
 }
 
@@ -598,7 +682,11 @@ export function acquireSync(path: string, options?: AcquireSyncOptions): Lock {
   const target = pin(lp);
   return new RunLock(
     target,
-    runSync(acquireSteps(target, checked, () => {})),
+    runSync(
+      acquireSteps(target, checked, () => {}, SYNC_SLEEPS, {
+        woken: false,
+      }),
+    ),
     checked.meta,
     checked.checkInterval,
   );

@@ -6,7 +6,7 @@ import { join } from "node:path";
 import process from "node:process";
 import { describe, test } from "node:test";
 import { acquire, acquireSync, held, HeldError } from "../mod.ts";
-import { Child, holder, tempDir } from "./_helpers.ts";
+import { Child, countingTimers, holder, tempDir } from "./_helpers.ts";
 
 describe("waiting", () => {
   test("a waiter with a timeout gets the lock once the holder releases it", async () => {
@@ -34,7 +34,7 @@ describe("waiting", () => {
     }
   });
 
-  test("a waiter gets the lock when the holder is SIGKILLed (no file event: the poll sees it)", async () => {
+  test("a waiter gets the lock when the holder is SIGKILLed (Deno's watch reports the kernel's close of its descriptor; on Node and Bun the fallback poll sees it)", async () => {
     const { dir, cleanup } = tempDir();
     const path = join(dir, "run.lock");
     const first = await holder(path);
@@ -64,6 +64,30 @@ describe("waiting", () => {
       assert.ok(performance.now() - started >= 299, "it did wait");
       assert.throws(() => acquireSync(path, { timeout: 100 }), HeldError);
       assert.deepEqual(readdirSync(dir), ["run.lock"]);
+    } finally {
+      await first.kill();
+      cleanup();
+    }
+  });
+
+  test("a waiter sleeps until something happens: a 1.5 s wait makes a few sleeps growing to 250 ms or more, not a poll every few ms", async () => {
+    const { dir, cleanup } = tempDir();
+    const path = join(dir, "run.lock");
+    const first = await holder(path);
+    try {
+      const { result, timers } = await countingTimers(() =>
+        acquire(path, { timeout: 1_500 }).then(
+          () => undefined,
+          (err: unknown) => err,
+        )
+      );
+      assert.ok(result instanceof HeldError, String(result));
+      assert.equal(result.pid, first.pid);
+      // Sleeps of 1, 4, 16, 64 and 256 ms, then of the cap (250 ms on Node
+      // and Bun, 1 s on Deno), the last one cut at the deadline: about 10.
+      // The poll of before slept 1, 2, 4, then 5 ms: some 300 sleeps.
+      assert.ok(timers.length <= 30, `${timers.length} sleeps: ${timers}`);
+      assert.ok(Math.max(...timers) >= 250, `${timers}`);
     } finally {
       await first.kill();
       cleanup();

@@ -1,0 +1,167 @@
+/**
+ * One directory watch per directory per process, shared by every held lock
+ * (its loss watching) and every waiter in it: a registry keyed by the
+ * directory's identity (device and inode, so two pins of one directory
+ * share it, whatever path named it), refcounted, dispatching each event by
+ * name to the listeners of that name only, and closed when the last
+ * listener goes. 5,000 locks in one directory are one watcher, and an
+ * event costs as many calls as there are listeners of its name.
+ *
+ * Where a watch that leaves the process free to exit cannot be made (Deno:
+ * every watcher keeps the process alive), listeners that asked for one
+ * (held locks) get events only while a listener that may keep the process
+ * alive (a waiter, which keeps it alive anyway) has the watch open.
+ *
+ * @module
+ */
+
+import { platform as p } from "./platform/current.ts";
+import type { Dir } from "./platform/types.ts";
+
+/** What an event tells a listener: whether its name was (re)moved or created. */
+export type OnEvent = (moved: boolean) => void;
+
+/** A registered listener; {@linkcode Listener.stop} removes it. */
+export class Listener {
+  entry: Entry | undefined;
+
+  constructor(
+    readonly name: string,
+    readonly onEvent: OnEvent,
+    readonly keepAlive: boolean,
+    /** Names the directory while this listener's lock keeps it pinned. */
+    readonly prefix: string,
+  ) {}
+
+  /** Removes the listener, closing the watch if it was the last. */
+  stop(): void {
+    const entry = this.entry;
+    if (entry === undefined) return;
+    this.entry = undefined;
+    entry.remove(this);
+  }
+}
+
+/** The watch of one directory. */
+class Entry {
+  readonly byName = new Map<string, Set<Listener>>();
+  count = 0;
+  /** Listeners that let the watch keep the process alive. */
+  alive = 0;
+  /** The open watch, and whether it keeps the process alive. */
+  close: (() => void) | undefined;
+  closeKeepsAlive = false;
+  /** An unref'd watch was refused here (Deno): do not ask again. */
+  unrefRefused = false;
+
+  constructor(readonly key: string) {}
+
+  add(listener: Listener): void {
+    let set = this.byName.get(listener.name);
+    if (set === undefined) {
+      set = new Set();
+      this.byName.set(listener.name, set);
+    }
+    set.add(listener);
+    listener.entry = this;
+    this.count++;
+    if (listener.keepAlive) this.alive++;
+    this.open(listener.prefix);
+  }
+
+  remove(listener: Listener): void {
+    const set = this.byName.get(listener.name);
+    if (set === undefined || !set.delete(listener)) return;
+    if (set.size === 0) this.byName.delete(listener.name);
+    this.count--;
+    if (listener.keepAlive) this.alive--;
+    if (this.count === 0) {
+      this.shut();
+      entries.delete(this.key);
+    } else if (this.alive === 0 && this.closeKeepsAlive) {
+      // Only listeners that must not keep the process alive are left.
+      this.shut();
+      const [some] = this.byName.values();
+      const [left] = some;
+      this.open(left.prefix);
+    }
+  }
+
+  /**
+   * Opens the watch if none is open, through `prefix`: the path of a live
+   * listener's pinned directory (a descriptor's `/proc/self/fd/N` names the
+   * directory only while that descriptor is open; the watch, once made,
+   * follows the directory itself).
+   */
+  open(prefix: string): void {
+    if (this.close !== undefined) return;
+    const dispatch = (name: string, moved: boolean) => {
+      const set = this.byName.get(name);
+      if (set === undefined) return;
+      for (const listener of set) {
+        try {
+          listener.onEvent(moved);
+        } catch {
+          // One listener's failure is not another's.
+        }
+      }
+    };
+    if (!this.unrefRefused) {
+      this.close = p.watchDir(prefix, dispatch, false);
+      if (this.close !== undefined) return;
+      this.unrefRefused = true;
+    }
+    if (this.alive > 0) {
+      this.close = p.watchDir(prefix, dispatch, true);
+      this.closeKeepsAlive = this.close !== undefined;
+    }
+  }
+
+  shut(): void {
+    const close = this.close;
+    this.close = undefined;
+    this.closeKeepsAlive = false;
+    close?.();
+  }
+}
+
+const entries = new Map<string, Entry>();
+
+/**
+ * Calls `onEvent` whenever the watch of directory `dir` reports an event
+ * on `name`, until the returned listener is stopped. `keepAlive`: the
+ * caller keeps the process alive anyway (a waiter), so a watch that does
+ * too may serve it. Returns `undefined` when the directory's identity
+ * cannot be read (the caller polls, as it does for a runtime that cannot
+ * watch: no event is a promise).
+ */
+export function listen(
+  dir: Dir,
+  name: string,
+  onEvent: OnEvent,
+  keepAlive: boolean,
+): Listener | undefined {
+  let key: string;
+  try {
+    const self = dir.lstat(".");
+    if (self === null) return undefined;
+    key = `${self.dev}:${self.ino}`;
+  } catch {
+    return undefined;
+  }
+  let entry = entries.get(key);
+  if (entry === undefined) {
+    entry = new Entry(key);
+    entries.set(key, entry);
+  }
+  const listener = new Listener(name, onEvent, keepAlive, dir.prefix);
+  entry.add(listener);
+  return listener;
+}
+
+/** How many directory watches this process has open (for tests). */
+export function openWatches(): number {
+  let open = 0;
+  for (const entry of entries.values()) if (entry.close !== undefined) open++;
+  return open;
+}

@@ -1,0 +1,137 @@
+// One directory watch per directory per process, shared by every held lock
+// and every waiter in it, dispatching each event to the locks of its name
+// only; and what a lock sets up that it may never need (nothing until its
+// signal is read).
+import assert from "node:assert/strict";
+import { unlinkSync } from "node:fs";
+import { join } from "node:path";
+import { describe, test } from "node:test";
+import { acquire, LockLostError } from "../mod.ts";
+import { Child, runtime, tempDir } from "./_helpers.ts";
+
+/** Resolves once `signal` aborts (the test's own timer detects a hang). */
+function aborted(signal: AbortSignal): Promise<void> {
+  return new Promise((resolve, reject) => {
+    if (signal.aborted) return resolve();
+    const timer = setTimeout(
+      () => reject(new Error("the signal did not abort within 30 s")),
+      30_000,
+    );
+    signal.addEventListener("abort", () => {
+      clearTimeout(timer);
+      resolve();
+    }, { once: true });
+  });
+}
+
+describe("one watch per directory", () => {
+  test("200 locks held in one directory by one process make one watch, and each reports the deletion of its own file and no other's", async () => {
+    const { dir, cleanup } = tempDir();
+    // Node and Bun watch a held lock's directory: a check interval of an
+    // hour leaves the watch as the only way to learn of a deletion within
+    // the test. Deno's watch would keep the process alive, so a held lock
+    // there only checks, on the shared timer.
+    const interval = runtime === "deno" ? 100 : 3_600_000;
+    const many = new Child("watch_many.ts", [
+      "hold",
+      dir,
+      "200",
+      String(interval),
+    ]);
+    try {
+      await many.expect("held");
+      many.send("watches");
+      const seen = await many.expect("watches");
+      // One inotify watch at most (none on Deno), and on Node one fs.watch
+      // handle in all (there, 200 handles on one inotify watch before).
+      assert.ok(Number(seen.watches) <= 1, JSON.stringify(seen));
+      if (runtime === "node") assert.equal(seen.fsEvents, 1);
+      unlinkSync(join(dir, "lock-7"));
+      unlinkSync(join(dir, "lock-123"));
+      const lost = [await many.expect("lost"), await many.expect("lost")];
+      assert.deepEqual(lost.map((e) => e.i).sort(), [123, 7]);
+      for (const e of lost) assert.equal(e.what, "was deleted");
+      // No other lock reported a loss meanwhile: a release of one still
+      // held is clean, and its answer comes after any loss event queued.
+      many.send("release 8");
+      assert.equal((await many.expect("released")).i, 8);
+    } finally {
+      await many.kill();
+      cleanup();
+    }
+  });
+
+  test("200 waiters of one process on locks of one directory share one watch; a release wakes the waiter of that lock only", async () => {
+    const { dir, cleanup } = tempDir();
+    const holder = new Child("watch_many.ts", ["hold", dir, "200", "0"]);
+    let waiter: Child | undefined;
+    try {
+      await holder.expect("held");
+      waiter = new Child("watch_many.ts", ["wait", dir, "200"]);
+      await waiter.expect("waiting");
+      waiter.send("watches");
+      const seen = await waiter.expect("watches");
+      // Deno made one watcher (an inotify instance) per waiter before.
+      assert.equal(seen.watches, 1, JSON.stringify(seen));
+      if (runtime === "node") assert.equal(seen.fsEvents, 1);
+      holder.send("release 5");
+      await holder.expect("released");
+      assert.equal((await waiter.expect("acquired")).i, 5);
+      // The others still wait: the holder's next release is the next event.
+      holder.send("release 6");
+      await holder.expect("released");
+      assert.equal((await waiter.expect("acquired")).i, 6);
+    } finally {
+      await waiter?.kill();
+      await holder.kill();
+      cleanup();
+    }
+  });
+});
+
+describe("nothing a lock may never need", () => {
+  test("acquire and release make no AbortController while the signal is never read", async () => {
+    const { dir, cleanup } = tempDir();
+    const Real = globalThis.AbortController;
+    let made = 0;
+    globalThis.AbortController = class extends Real {
+      constructor() {
+        super();
+        made++;
+      }
+    };
+    try {
+      const lock = await acquire(join(dir, "run.lock"));
+      await lock.release();
+      assert.equal(made, 0);
+    } finally {
+      globalThis.AbortController = Real;
+      cleanup();
+    }
+  });
+
+  test("a loss found while the signal was never read is reported by the signal read later, and by release()", async () => {
+    const { dir, cleanup } = tempDir();
+    try {
+      // Both locks start watching and checking in one turn of the shared
+      // timer, a before b: the deletion of a's file, then of b's, is found
+      // for a first (by the watch, in event order; by the checks, in
+      // order), so once b's signal aborts, a's loss is known, unread.
+      const a = await acquire(join(dir, "a.lock"), { checkInterval: 20 });
+      const b = await acquire(join(dir, "b.lock"), { checkInterval: 20 });
+      const bLost = aborted(b.signal);
+      unlinkSync(a.path);
+      unlinkSync(b.path);
+      await bLost;
+      const signal = a.signal;
+      assert.equal(signal.aborted, true);
+      assert.ok(signal.reason instanceof LockLostError, String(signal.reason));
+      assert.equal(signal.reason.what, "was deleted");
+      await assert.rejects(a.release(), LockLostError);
+      assert.equal(a.signal, signal);
+      await assert.rejects(b.release(), LockLostError);
+    } finally {
+      cleanup();
+    }
+  });
+});
