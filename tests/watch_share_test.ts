@@ -7,7 +7,7 @@ import { unlinkSync } from "node:fs";
 import { join } from "node:path";
 import { describe, test } from "node:test";
 import { acquire, LockLostError } from "../mod.ts";
-import { Child, runtime, tempDir } from "./_helpers.ts";
+import { Child, countingTimers, runtime, tempDir } from "./_helpers.ts";
 
 /** Resolves once `signal` aborts (the test's own timer detects a hang). */
 function aborted(signal: AbortSignal): Promise<void> {
@@ -90,6 +90,42 @@ describe("one watch per directory", () => {
 });
 
 describe("nothing a lock may never need", () => {
+  test("50 held locks with two check intervals share one timer, and each still finds its own loss", async () => {
+    const { dir, cleanup } = tempDir();
+    try {
+      const { result: locks, timers } = await countingTimers(async () => {
+        const locks = [];
+        for (let i = 0; i < 50; i++) {
+          locks.push(
+            await acquire(join(dir, `lock-${i}`), {
+              checkInterval: i % 2 === 0 ? 20 : 30,
+            }),
+          );
+        }
+        // The shared timer's first turn: every lock starts watching.
+        await new Promise((resolve) => setTimeout(resolve, 0));
+        return locks;
+      });
+      // One timer armed for all 50 (and our own turn), re-armed when it
+      // fires; before, every lock set an interval and a timeout of its own.
+      assert.ok(timers.length <= 4, `${timers.length} timers: ${timers}`);
+      const lost = [locks[10], locks[11]];
+      const found = lost.map((lock) => aborted(lock.signal));
+      for (const lock of lost) unlinkSync(lock.path);
+      await Promise.all(found);
+      for (const lock of locks) {
+        assert.equal(lock.signal.aborted, lost.includes(lock), lock.path);
+      }
+      for (const lock of locks) {
+        if (lost.includes(lock)) {
+          await assert.rejects(lock.release(), LockLostError);
+        } else await lock.release();
+      }
+    } finally {
+      cleanup();
+    }
+  });
+
   test("acquire and release make no AbortController while the signal is never read", async () => {
     const { dir, cleanup } = tempDir();
     const Real = globalThis.AbortController;
