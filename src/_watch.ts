@@ -29,8 +29,13 @@ export class Listener {
     readonly name: string,
     readonly onEvent: OnEvent,
     readonly keepAlive: boolean,
-    /** Names the directory while this listener's lock keeps it pinned. */
-    readonly prefix: string,
+    /**
+     * The watched path, through the pinned directory: valid while this
+     * listener's lock keeps the directory pinned.
+     */
+    readonly path: string,
+    /** The watched file's or directory's identity (`dev:ino`). */
+    readonly key: string,
   ) {}
 
   /** Removes the listener, closing the watch if it was the last. */
@@ -66,7 +71,7 @@ class Entry {
     listener.entry = this;
     this.count++;
     if (listener.keepAlive) this.alive++;
-    this.open(listener.prefix);
+    this.open(listener.path);
   }
 
   remove(listener: Listener): void {
@@ -83,7 +88,7 @@ class Entry {
       this.shut();
       const [some] = this.byName.values();
       const [left] = some;
-      this.open(left.prefix);
+      this.open(left.path);
     }
   }
 
@@ -141,20 +146,68 @@ export function listen(
   onEvent: OnEvent,
   keepAlive: boolean,
 ): Listener | undefined {
-  let key: string;
+  let self;
   try {
-    const self = dir.lstat(".");
-    if (self === null) return undefined;
-    key = `${self.dev}:${self.ino}`;
+    self = dir.lstat(".");
   } catch {
     return undefined;
   }
+  if (self === null) return undefined;
+  return join(`${self.dev}:${self.ino}`, dir.prefix, name, onEvent, keepAlive);
+}
+
+/**
+ * Calls `onEvent` whenever the watch of the file `name` of `dir` (its
+ * inode, as it is now) reports an event: its unlink (the link count
+ * changes), its rename, its last close, and, where the runtime reports it
+ * (Deno), the close of a descriptor open for writing (a holder's, when it
+ * dies). One watch per file per process, shared by every waiter of it.
+ * A waiter watches the file, not the directory: the directory's events
+ * include every other waiter's attempts (their temp files), each a wake-up
+ * of every waiting process. `"ENOENT"`: there is no file at `name` now.
+ * Returns `undefined` when it cannot watch (the caller polls).
+ */
+export function listenFile(
+  dir: Dir,
+  name: string,
+  onEvent: OnEvent,
+): Listener | "ENOENT" | undefined {
+  let file;
+  try {
+    file = dir.lstat(name);
+  } catch {
+    return undefined;
+  }
+  if (file === null) return "ENOENT";
+  const path = dir.prefix.endsWith("/")
+    ? dir.prefix + name
+    : `${dir.prefix}/${name}`;
+  return join(`f${file.dev}:${file.ino}`, path, name, onEvent, true);
+}
+
+/** The identity `listenFile` would watch for `name` now, or `""`. */
+export function fileKey(dir: Dir, name: string): string {
+  try {
+    const file = dir.lstat(name);
+    return file === null ? "" : `f${file.dev}:${file.ino}`;
+  } catch {
+    return "";
+  }
+}
+
+function join(
+  key: string,
+  path: string,
+  name: string,
+  onEvent: OnEvent,
+  keepAlive: boolean,
+): Listener {
   let entry = entries.get(key);
   if (entry === undefined) {
     entry = new Entry(key);
     entries.set(key, entry);
   }
-  const listener = new Listener(name, onEvent, keepAlive, dir.prefix);
+  const listener = new Listener(name, onEvent, keepAlive, path, key);
   entry.add(listener);
   return listener;
 }

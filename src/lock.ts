@@ -22,7 +22,7 @@ import {
 import { attemptLoop, pin, runSync } from "./_attempt.ts";
 import { probe } from "./_probe.ts";
 import { every, type Tick } from "./_timer.ts";
-import { listen, type Listener } from "./_watch.ts";
+import { fileKey, listen, type Listener, listenFile } from "./_watch.ts";
 import { ContendedError, HeldError, LockLostError } from "./errors.ts";
 import { checkMeta, type Meta } from "./meta.ts";
 import { MAX_RECORD_BYTES, metaLines } from "./record.ts";
@@ -493,14 +493,15 @@ interface Woken {
  * writes) until the lock looks free. Yields sleeps, each at most up to the
  * deadline (so a timeout fires on time), growing from 1 ms to `sleeps.max`
  * and back to 1 ms after a sleep that an event cut short (`woken`): a
- * holder's close comes microseconds before its flock goes. `onWait` is
- * called once when waiting starts. Closes the pinned directory unless it
+ * holder's close comes microseconds before its flock goes. `onSleep` is
+ * called before each sleep (to watch the file that is there now), and
+ * says whether there is one. Closes the pinned directory unless it
  * returns.
  */
 function* acquireSteps(
   target: Target,
   { timeout, mode, extra }: Checked,
-  onWait: () => void,
+  onSleep: () => boolean,
   sleeps: Sleeps,
   wake: Woken,
 ): Generator<number, Acquired, void> {
@@ -508,7 +509,7 @@ function* acquireSteps(
   try {
     const deadline = performance.now() + timeout;
     const remaining = () => deadline - performance.now();
-    for (let waited = false;; waited = true) {
+    for (;;) {
       let held: HeldBy | ContendedError;
       try {
         const outcome = yield* attemptLoop(target, mode, extra);
@@ -527,10 +528,11 @@ function* acquireSteps(
           started: held.started,
         });
       }
-      if (!waited) onWait();
       for (let interval = 1; remaining() > 0;) {
         wake.woken = false;
-        yield Math.max(0, Math.min(interval, remaining()));
+        // No file to watch: it went since the probe; look again at once.
+        const there = onSleep();
+        yield there ? Math.max(0, Math.min(interval, remaining())) : 0;
         interval = wake.woken
           ? 1
           : Math.min(interval * sleeps.growth, sleeps.max);
@@ -599,16 +601,24 @@ export async function acquire(
   let wake: (() => void) | undefined;
   let listener: Listener | undefined;
   const woken: Woken = { woken: false };
-  // A waiter sleeps on the shared watch of the directory: woken by the
-  // removal or rename of the name (a release unlinks it) and, where the
-  // runtime reports it, by the holder's close (a dying holder's descriptor
-  // is closed by the kernel).
+  // A waiter sleeps on the watch of the lock file (shared by the waiters of
+  // it in this process): woken by its unlink or rename (a release unlinks
+  // it) and, where the runtime reports it, by the holder's close (a dying
+  // holder's descriptor is closed by the kernel). The file at the name
+  // changes with each holder: the watch follows it.
+  const watch = (): boolean => {
+    const key = fileKey(target.pinned, target.name);
+    if (key === "") return false;
+    if (listener?.key === key) return true;
+    listener?.stop();
+    const made = listenFile(target.pinned, target.name, () => wake?.());
+    listener = typeof made === "object" ? made : undefined;
+    return made !== "ENOENT";
+  };
   const steps = acquireSteps(
     target,
     checked,
-    () => {
-      listener = listen(target.pinned, target.name, () => wake?.(), true);
-    },
+    watch,
     ASYNC_SLEEPS,
     woken,
   );
@@ -683,7 +693,7 @@ export function acquireSync(path: string, options?: AcquireSyncOptions): Lock {
   return new RunLock(
     target,
     runSync(
-      acquireSteps(target, checked, () => {}, SYNC_SLEEPS, {
+      acquireSteps(target, checked, () => true, SYNC_SLEEPS, {
         woken: false,
       }),
     ),
