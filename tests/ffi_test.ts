@@ -1,13 +1,31 @@
+// The FFI of the Node and Bun platforms (src/platform/_libc_node.ts).
+//
 // Node: when koffi (the FFI module runlock calls flock through) cannot be
 // loaded, the error says so and why, instead of blaming the filesystem.
+//
+// Node and Bun on Linux x86-64 and arm64: every call of a lock goes through
+// libc's *at() calls on the pinned directory's descriptor, never through a
+// /proc/self/fd/N/<name> path, and the answers the protocol expects come
+// back as values. Shown on the system calls themselves, under strace (-y
+// names each descriptor's file), of a real program
+// (fixtures/inject_fixture.ts) that goes through the public API. strace
+// missing or not allowed to trace: skipped with a message, except under
+// CI=true, where that fails (as in inject_test.ts).
 import assert from "node:assert/strict";
 import { spawnSync } from "node:child_process";
-import { cpSync, writeFileSync } from "node:fs";
+import {
+  cpSync,
+  readFileSync,
+  realpathSync,
+  symlinkSync,
+  writeFileSync,
+} from "node:fs";
 import { createRequire } from "node:module";
 import { dirname, join } from "node:path";
 import process from "node:process";
 import { describe, test } from "node:test";
-import { runtime, tempDir } from "./_helpers.ts";
+import { held, inspect } from "../mod.ts";
+import { fixtureCommand, runtime, tempDir } from "./_helpers.ts";
 
 describe("the FFI module", {
   skip: runtime !== "node" &&
@@ -45,6 +63,196 @@ try {
       );
       assert.match(event.message, /Cannot find module 'koffi'/);
       assert.doesNotMatch(event.message, /filesystem/);
+    } finally {
+      cleanup();
+    }
+  });
+});
+
+/** Why the strace tests cannot run here, or false. */
+function straceSkip(): string | false {
+  if (runtime === "deno") {
+    return "Node and Bun only: Deno makes its own system calls";
+  }
+  if (
+    process.platform !== "linux" ||
+    (process.arch !== "x64" && process.arch !== "arm64")
+  ) {
+    return `the *at() calls are made on Linux x86-64 and arm64 only, not ${process.platform} ${process.arch}`;
+  }
+  const r = spawnSync("strace", ["-qq", "-o", "/dev/null", "true"]);
+  const why = r.error
+    ? "strace is not installed (apt-get install strace; .ci/run does)"
+    : r.status !== 0
+    ? `strace may not trace here (${String(r.stderr).trim()})`
+    : false;
+  if (why && process.env.CI === "true") {
+    throw new Error(`${why}: under CI the FFI's system calls must be shown`);
+  }
+  if (why) console.warn(`\n*** ffi_test's strace tests SKIPPED: ${why} ***\n`);
+  return why;
+}
+
+interface Traced {
+  /** The fixture's JSON lines. */
+  steps: { step: string; ok: boolean; name?: string; state?: string }[];
+  /** strace -y lines of the file system calls. */
+  calls: string[];
+}
+
+const FILE_CALLS = [
+  "open",
+  "openat",
+  "link",
+  "linkat",
+  "unlink",
+  "unlinkat",
+  "stat",
+  "lstat",
+  "fstat",
+  "newfstatat",
+  "statx",
+  "flock",
+  "read",
+  "pread64",
+  "write",
+  "close",
+];
+
+/** Runs fixtures/inject_fixture.ts `mode path` under strace. */
+function traced(dir: string, mode: string, path: string): Traced {
+  const out = join(dir, `${mode}.trace`);
+  const [cmd, args] = fixtureCommand("inject_fixture.ts", [mode, path]);
+  const r = spawnSync("strace", [
+    "-qq",
+    "-y",
+    "-o",
+    out,
+    "-e",
+    `trace=${FILE_CALLS.map((c) => `?${c}`).join(",")}`,
+    "--",
+    cmd,
+    ...args,
+    // A hang detector, not a timing claim: a FIFO must not block the open.
+  ], { encoding: "utf8", timeout: 60_000 });
+  assert.equal(r.status, 0, `${r.signal ?? ""} ${r.stderr}`);
+  return {
+    steps: r.stdout.trim().split("\n").map((l) => JSON.parse(l)),
+    calls: readFileSync(out, "utf8").split("\n").filter((l) => l.includes(dir)),
+  };
+}
+
+const show = (t: Traced) => `${JSON.stringify(t.steps)}\n${t.calls.join("\n")}`;
+
+describe("the *at() calls on the pinned directory", {
+  skip: straceSkip(),
+}, () => {
+  test("acquireSync and releaseSync name every file of the lock relative to the directory's descriptor, never through /proc/self/fd/N/", () => {
+    const { dir: tmp, cleanup } = tempDir();
+    try {
+      const dir = realpathSync(tmp);
+      const t = traced(dir, "acquire", join(dir, "run.lock"));
+      assert.deepEqual(t.steps.map((s) => [s.step, s.ok]), [
+        ["acquire", true],
+        ["release", true],
+      ]);
+      const walks = t.calls.filter((l) => /"\/proc\/self\/fd\/\d+\//.test(l));
+      assert.deepEqual(walks, [], show(t));
+      // D<dir>: the pinned directory's descriptor, as strace -y shows it.
+      const d = `\\d+<${dir.replace(/[.*+?^${}()|[\]\\]/g, "\\$&")}>`;
+      const temp = String.raw`"\.run\.lock\.[0-9a-f]{16}\.tmp"`;
+      for (
+        const call of [
+          `openat\\(${d}, ${temp}, O_RDWR\\|O_CREAT\\|O_EXCL\\|O_CLOEXEC, 0644\\) = \\d+`,
+          `linkat\\(${d}, ${temp}, ${d}, "run\\.lock", 0\\) = 0`,
+          `unlinkat\\(${d}, ${temp}, 0\\) = 0`,
+          `(newfstatat|fstatat64)\\(${d}, "run\\.lock", .*AT_SYMLINK_NOFOLLOW\\) = 0`,
+          `unlinkat\\(${d}, "run\\.lock", 0\\) = 0`,
+        ]
+      ) {
+        assert.ok(
+          t.calls.some((l) => new RegExp(`^${call}`).test(l)),
+          `no ${call} in\n${show(t)}`,
+        );
+      }
+    } finally {
+      cleanup();
+    }
+  });
+
+  test("held() and inspect() of a free lock: one open of the path, O_NOFOLLOW|O_NONBLOCK, whose ENOENT is the answer 'free'", async () => {
+    const { dir: tmp, cleanup } = tempDir();
+    try {
+      const dir = realpathSync(tmp);
+      const path = join(dir, "run.lock");
+      // In this process too: ENOENT is an answer, not an error.
+      assert.equal(await held(path), false);
+      assert.equal((await inspect(path)).state, "free");
+      const t = traced(dir, "probe", path);
+      assert.deepEqual(t.steps.map((s) => [s.step, s.ok, s.state]), [
+        ["probe", true, "free"],
+      ]);
+      // (strace -y shows AT_FDCWD with the directory it stands for.)
+      assert.equal(t.calls.length, 1, show(t));
+      assert.equal(
+        t.calls[0].replace(/^openat\(AT_FDCWD<[^>]*>/, "openat(AT_FDCWD"),
+        `openat(AT_FDCWD, "${path}", O_RDONLY|O_NONBLOCK|O_NOFOLLOW|O_CLOEXEC) = -1 ENOENT (No such file or directory)`,
+      );
+    } finally {
+      cleanup();
+    }
+  });
+
+  test("a symlink at the lock path is refused (ELOOP) without being followed: its target, a FIFO, is never opened", () => {
+    const { dir: tmp, cleanup } = tempDir();
+    try {
+      const dir = realpathSync(tmp);
+      const path = join(dir, "run.lock");
+      const fifo = join(dir, "fifo");
+      assert.equal(spawnSync("mkfifo", [fifo]).status, 0);
+      symlinkSync(fifo, path);
+      for (const mode of ["probe", "acquire"]) {
+        const t = traced(dir, mode, path);
+        const step = t.steps[0];
+        if (mode === "probe") assert.equal(step.state, "invalid", show(t));
+        else assert.equal(step.name, "InvalidLockFileError", show(t));
+        assert.ok(
+          t.calls.some((l) =>
+            // The path itself (probe), or its name in the pinned directory.
+            /^openat\(/.test(l) &&
+            (l.includes(`"${path}"`) || l.includes(`${dir}>, "run.lock"`)) &&
+            l.includes("O_NOFOLLOW") &&
+            l.endsWith("= -1 ELOOP (Too many levels of symbolic links)")
+          ),
+          show(t),
+        );
+        assert.deepEqual(t.calls.filter((l) => l.includes(fifo)), [], show(t));
+      }
+    } finally {
+      cleanup();
+    }
+  });
+
+  test("a FIFO at the lock path is opened without blocking, found not a regular file, closed and never read", () => {
+    const { dir: tmp, cleanup } = tempDir();
+    try {
+      const dir = realpathSync(tmp);
+      const path = join(dir, "run.lock");
+      assert.equal(spawnSync("mkfifo", [path]).status, 0);
+      const t = traced(dir, "probe", path);
+      assert.equal(t.steps[0].state, "invalid", show(t));
+      const opened = t.calls.find((l) =>
+        /^openat\(AT_FDCWD[<,]/.test(l) && l.includes(`"${path}"`)
+      );
+      assert.match(opened ?? "", /O_NONBLOCK.* = \d+</, show(t));
+      const fd = /= (\d+)</.exec(opened!)![1];
+      const onIt = t.calls.filter((l) => l.includes(`(${fd}<${path}>`));
+      assert.ok(onIt.some((l) => l.startsWith("close(")), show(t));
+      assert.deepEqual(
+        onIt.filter((l) => /^(read|pread64)\(/.test(l)),
+        [],
+        show(t),
+      );
     } finally {
       cleanup();
     }

@@ -1,8 +1,15 @@
 /**
  * The Node.js (and Bun) implementation of {@linkcode Platform}.
  *
- * Node has no flock, so `flock(2)` is called in libc through koffi's FFI
- * (under Bun, through the built-in `bun:ffi`).
+ * Node has neither flock nor the `*at()` system calls, so they are called
+ * in libc through koffi's FFI (under Bun, through the built-in `bun:ffi`):
+ * see `_libc_node.ts`. On Linux x86-64 and arm64 every call of a lock goes
+ * through its pinned directory's descriptor (`openat`, `linkat`,
+ * `unlinkat`, `fstatat`) and its file's (`flock`, `fstat`, `pread`, `write`,
+ * `close`), and the answers the protocol expects (ENOENT, EEXIST,
+ * EWOULDBLOCK) are values, never exceptions. Elsewhere `node:fs` serves
+ * (`_fs_node.ts`), with flock through the FFI.
+ *
  * Not `fs-native-extensions` or `os-lock`: those take fcntl/OFD locks, which
  * do not conflict with flock, so they would not exclude a Deno process,
  * `flock(1)` or Python. Only `LOCK_NB` is ever used: a blocking flock would
@@ -17,26 +24,40 @@
 import {
   closeSync,
   constants as fsc,
-  fchmodSync,
   fstatSync,
-  linkSync,
-  lstatSync,
   mkdirSync,
   openSync,
   readdirSync,
   readFileSync,
   readlinkSync,
-  readSync,
   realpathSync,
-  type Stats,
   statSync,
-  unlinkSync,
   watch,
-  writeSync,
 } from "node:fs";
-import { createRequire } from "node:module";
-import { constants as osc, hostname } from "node:os";
+import { hostname } from "node:os";
 import process from "node:process";
+import {
+  AT_FDCWD,
+  AT_SYMLINK_NOFOLLOW,
+  EEXIST,
+  EINTR,
+  ENOENT,
+  errnoError,
+  flockFd,
+  type Libc,
+  libc,
+  O_CLOEXEC,
+  O_PATH,
+  statInfo,
+  statIsFile,
+} from "./_libc_node.ts";
+import {
+  fsLstat,
+  fsOpenExisting,
+  PathDir,
+  scratch,
+  sysError,
+} from "./_fs_node.ts";
 import {
   type Dir,
   type FileInfo,
@@ -50,231 +71,252 @@ const LOCK_SH = 1;
 const LOCK_EX = 2;
 const LOCK_NB = 4;
 const LOCK_UN = 8;
-
-const ERRNO_NAMES = new Map<number, string>(
-  Object.entries(osc.errno).map(([name, value]) => [value, name]),
-);
-
-type Flock = (fd: number, operation: number) => number;
-let flockFn: Flock | undefined;
-let readErrno: () => number = () => 0;
-
-const LIBC: Partial<Record<NodeJS.Platform, string[]>> = {
-  linux: ["libc.so.6", "libc.so"],
-  darwin: ["libSystem.B.dylib", "/usr/lib/libSystem.B.dylib"],
-  freebsd: ["libc.so.7"],
-  openbsd: ["libc.so"],
-  netbsd: ["libc.so"],
-};
+const ENXIO = 6;
 
 const isBun = typeof (globalThis as { Bun?: unknown }).Bun !== "undefined";
 
-// Where libc keeps the calling thread's errno (bun:ffi does not report it).
-const ERRNO_LOCATION: Partial<Record<NodeJS.Platform, string>> = {
-  linux: "__errno_location",
-  darwin: "__error",
-  freebsd: "__error",
-  openbsd: "__errno",
-  netbsd: "__errno",
-};
-
-/** Minimal shape of `bun:ffi`, which has no types outside Bun. */
-interface BunFfi {
-  dlopen(
-    name: string,
-    symbols: Record<string, { args: string[]; returns: string }>,
-  ): { symbols: Record<string, (...args: number[]) => unknown> };
-  read: { i32(pointer: unknown, offset: number): number };
+// The *at() path: libc with `at`, or null where node:fs serves. Resolved on
+// the first lock operation.
+let fast: Libc | null | undefined;
+function ffi(): Libc | null {
+  if (fast === undefined) {
+    const l = libc();
+    fast = l?.at ? l : null;
+  }
+  return fast;
 }
+
+const CREATE = fsc.O_RDWR | fsc.O_CREAT | fsc.O_EXCL | O_CLOEXEC;
+// O_NONBLOCK: opening a FIFO must not hang. O_NOFOLLOW: ELOOP on a symlink.
+const OPEN_EXISTING = fsc.O_RDONLY | fsc.O_NOFOLLOW | fsc.O_NONBLOCK |
+  O_CLOEXEC;
+// A directory to pin: O_PATH on Linux (needs only search permission, reads
+// nothing), else read-only.
+const OPEN_DIR = (process.platform === "linux" ? O_PATH : fsc.O_RDONLY) |
+  fsc.O_DIRECTORY;
+
+/** `dir/name` for messages, or `name` when it is a whole path. */
+const named = (dir: string, name: string) =>
+  dir === "" ? name : `${dir}/${name}`;
 
 /**
- * Binds libc's flock: with bun:ffi under Bun (built in, so it also works in
- * a `bun build --compile` binary, where koffi's native addon cannot be
- * found), with koffi under Node.
+ * An open regular file, every call through the FFI. Its name (`dir` and
+ * `name`) is only for messages.
  */
-function bindFlock(libc: string): void {
-  // Loaded lazily, with require, so that importing runlock stays cheap.
-  const load = createRequire(import.meta.url);
-  if (isBun) {
-    const ffi = load("bun:ffi") as BunFfi;
-    const where = ERRNO_LOCATION[process.platform]!;
-    const { symbols } = ffi.dlopen(libc, {
-      flock: { args: ["i32", "i32"], returns: "i32" },
-      [where]: { args: [], returns: "ptr" },
-    });
-    flockFn = symbols.flock as Flock;
-    readErrno = () => ffi.read.i32(symbols[where](), 0);
-    return;
-  }
-  const koffi = load("koffi") as typeof import("koffi");
-  const lib = koffi.load(libc);
-  flockFn = lib.func("int flock(int fd, int operation)") as Flock;
-  readErrno = () => koffi.errno();
-}
+class FdHandle implements Handle {
+  #fd: number;
+  #dir: string;
+  #name: string;
 
-function loadFlock(path: string): Flock {
-  if (flockFn) return flockFn;
-  const names = LIBC[process.platform];
-  if (!names) {
-    throw new SysError(
-      "ENOSYS",
-      "flock",
-      `flock '${path}': runlock does not support ${process.platform}`,
-    );
-  }
-  let lastError: unknown;
-  for (const name of names) {
-    try {
-      bindFlock(name);
-      return flockFn!;
-    } catch (err) {
-      lastError = err;
-    }
-  }
-  // Not the file system's fault: the FFI module itself failed to load (a
-  // missing or broken koffi install, an unsupported CPU). Say so.
-  const what = isBun ? "bun:ffi" : "koffi";
-  const why = lastError instanceof Error
-    ? lastError.message
-    : String(lastError);
-  throw new SysError(
-    "ENOFFI",
-    "flock",
-    `cannot load ${what}, which runlock uses to call flock(2) in libc ` +
-      `(${names.join(", ")}): ${why}`,
-    { cause: lastError },
-  );
-}
-
-function sysError(err: unknown, syscall: string, path: string): SysError {
-  if (err instanceof SysError) return err;
-  const code = (err as { code?: unknown } | null)?.code;
-  const message = err instanceof Error ? err.message : String(err);
-  return new SysError(
-    typeof code === "string" ? code : "EUNKNOWN",
-    syscall,
-    `${syscall} '${path}': ${message}`,
-    { cause: err },
-  );
-}
-
-function info(s: Stats): FileInfo {
-  return {
-    dev: s.dev,
-    ino: s.ino,
-    size: s.size,
-    mode: s.mode & 0o7777,
-    uid: s.uid,
-    kind: s.isFile()
-      ? "file"
-      : s.isDirectory()
-      ? "directory"
-      : s.isSymbolicLink()
-      ? "symlink"
-      : "other",
-  };
-}
-
-// One buffer for every read (records are at most 4 KiB): allocating and
-// zeroing 4 KiB per probe showed up next to the system calls.
-const scratch = new Uint8Array(4097);
-
-class NodeHandle implements Handle {
-  #fd: number | undefined;
-  #path: string;
-
-  constructor(fd: number, path: string) {
+  constructor(fd: number, dir: string, name: string) {
     this.#fd = fd;
-    this.#path = path;
-  }
-
-  #flock(operation: number): boolean {
-    const flock = loadFlock(this.#path);
-    for (;;) {
-      if (flock(this.#fd!, operation) === 0) return true;
-      const errno = readErrno();
-      if (errno === osc.errno.EINTR) continue;
-      if (errno === osc.errno.EWOULDBLOCK || errno === osc.errno.EAGAIN) {
-        return false;
-      }
-      const name = ERRNO_NAMES.get(errno) ?? `errno ${errno}`;
-      throw new SysError(name, "flock", `flock '${this.#path}': ${name}`);
-    }
+    this.#dir = dir;
+    this.#name = name;
   }
 
   tryLock(exclusive: boolean): boolean {
-    return this.#flock((exclusive ? LOCK_EX : LOCK_SH) | LOCK_NB);
+    return flockFd(
+      this.#fd,
+      (exclusive ? LOCK_EX : LOCK_SH) | LOCK_NB,
+      named(this.#dir, this.#name),
+    );
   }
 
   unlock(): void {
-    this.#flock(LOCK_UN);
+    flockFd(this.#fd, LOCK_UN, named(this.#dir, this.#name));
   }
 
   write(data: Uint8Array): void {
-    try {
-      let done = 0;
-      while (done < data.length) {
-        done += writeSync(this.#fd!, data, done, data.length - done);
+    const l = fast!;
+    let done = 0;
+    while (done < data.length) {
+      const n = l.write(
+        this.#fd,
+        done === 0 ? data : data.subarray(done),
+        data.length - done,
+      );
+      if (n > 0) {
+        done += n;
+        continue;
       }
-    } catch (err) {
-      throw sysError(err, "write", this.#path);
+      const errno = n < 0 ? l.errno() : 5; // no progress: EIO
+      if (errno === EINTR) continue;
+      throw errnoError(errno, "write", named(this.#dir, this.#name));
     }
   }
 
   readAll(max: number): Uint8Array {
-    try {
-      const buf = max <= scratch.length ? scratch : new Uint8Array(max);
-      let len = 0;
-      while (len < max) {
-        const n = readSync(this.#fd!, buf, len, max - len, len);
-        if (n === 0) break;
-        len += n;
-        // A regular file reads short only at its end: no second read.
-        if (len < max) break;
+    const l = fast!;
+    const buf = max <= scratch.length ? scratch : new Uint8Array(max);
+    let len = 0;
+    while (len < max) {
+      const n = l.pread(
+        this.#fd,
+        len === 0 ? buf : buf.subarray(len),
+        max - len,
+        len,
+      );
+      if (n < 0) {
+        const errno = l.errno();
+        if (errno === EINTR) continue;
+        throw errnoError(errno, "read", named(this.#dir, this.#name));
       }
-      return buf.slice(0, len);
-    } catch (err) {
-      throw sysError(err, "read", this.#path);
+      if (n === 0) break;
+      len += n;
+      // A regular file reads short only at its end: no second read.
+      if (len < max) break;
     }
+    return buf.slice(0, len);
   }
 
   stat(): FileInfo {
-    try {
-      return info(fstatSync(this.#fd!));
-    } catch (err) {
-      throw sysError(err, "fstat", this.#path);
+    const l = fast!;
+    while (l.fstat(this.#fd) !== 0) {
+      const errno = l.errno();
+      if (errno !== EINTR) {
+        throw errnoError(errno, "fstat", named(this.#dir, this.#name));
+      }
     }
+    return statInfo();
   }
 
   chmod(mode: number): void {
-    try {
-      fchmodSync(this.#fd!, mode);
-    } catch (err) {
-      throw sysError(err, "fchmod", this.#path);
+    const l = fast!;
+    while (l.fchmod(this.#fd, mode) !== 0) {
+      const errno = l.errno();
+      if (errno !== EINTR) {
+        throw errnoError(errno, "fchmod", named(this.#dir, this.#name));
+      }
     }
   }
 
   close(): void {
-    if (this.#fd === undefined) return;
-    const fd = this.#fd;
-    this.#fd = undefined;
-    try {
-      closeSync(fd);
-    } catch {
-      // Nothing to do: the descriptor is gone either way.
-    }
+    if (this.#fd < 0) return;
+    // Linux frees the descriptor (and the flock) whatever close returns.
+    fast!.close(this.#fd);
+    this.#fd = -1;
   }
 }
 
-// libuv opens every descriptor with O_CLOEXEC, so children never inherit
-// the lock.
-const CREATE = fsc.O_RDWR | fsc.O_CREAT | fsc.O_EXCL;
-// O_NONBLOCK: opening a FIFO must not hang. O_NOFOLLOW: ELOOP on a symlink.
-const OPEN_EXISTING = fsc.O_RDONLY | fsc.O_NOFOLLOW | fsc.O_NONBLOCK;
-// A directory to pin: O_PATH on Linux (needs only search permission, reads
-// nothing), else read-only.
-const O_PATH = process.platform === "linux" ? 0o10000000 : 0;
-const OPEN_DIR = (O_PATH || fsc.O_RDONLY) | fsc.O_DIRECTORY;
+/**
+ * Opens the existing regular file `name` relative to `dirfd` (`dir` names
+ * it in messages; AT_FDCWD and "" for a whole path), as
+ * {@linkcode Platform.openExisting} promises.
+ */
+function openAt(dirfd: number, dir: string, name: string): Handle | "ENOENT" {
+  const l = fast!;
+  let fd: number;
+  for (;;) {
+    fd = l.openat(dirfd, name, OPEN_EXISTING, 0);
+    if (fd >= 0) break;
+    const errno = l.errno();
+    if (errno === EINTR) continue;
+    if (errno === ENOENT) return "ENOENT";
+    // A UNIX socket cannot be opened: ENXIO. It is not a regular file.
+    if (errno === ENXIO) {
+      throw new SysError(
+        "EFTYPE",
+        "open",
+        `open '${named(dir, name)}': a socket`,
+      );
+    }
+    // ELOOP for a symlink (O_NOFOLLOW), which is never followed.
+    throw errnoError(errno, "open", named(dir, name));
+  }
+  while (l.fstat(fd) !== 0) {
+    const errno = l.errno();
+    if (errno === EINTR) continue;
+    l.close(fd);
+    throw errnoError(errno, "fstat", named(dir, name));
+  }
+  if (!statIsFile()) {
+    l.close(fd);
+    throw new SysError(
+      "EFTYPE",
+      "open",
+      `open '${named(dir, name)}': not a regular file`,
+    );
+  }
+  return new FdHandle(fd, dir, name);
+}
+
+/**
+ * A directory pinned by its descriptor: every entry is named relative to
+ * it, with the *at() calls. `prefix` names it for watches and messages.
+ */
+class FdDir implements Dir {
+  readonly prefix: string;
+  readonly byDescriptor = true;
+  // -1 once closed: a later call fails EBADF, never lands elsewhere.
+  #fd: number;
+
+  constructor(prefix: string, fd: number) {
+    this.prefix = prefix;
+    this.#fd = fd;
+  }
+
+  create(name: string): Handle | "EEXIST" | "ENOENT" {
+    const l = fast!;
+    for (;;) {
+      const fd = l.openat(this.#fd, name, CREATE, 0o644);
+      if (fd >= 0) return new FdHandle(fd, this.prefix, name);
+      const errno = l.errno();
+      if (errno === EINTR) continue;
+      if (errno === EEXIST) return "EEXIST";
+      if (errno === ENOENT) return "ENOENT";
+      throw errnoError(errno, "open", `${this.prefix}/${name}`);
+    }
+  }
+
+  open(name: string): Handle | "ENOENT" {
+    return openAt(this.#fd, this.prefix, name);
+  }
+
+  link(existing: string, created: string): "EEXIST" | "ENOENT" | undefined {
+    const l = fast!;
+    while (l.linkat(this.#fd, existing, created) !== 0) {
+      const errno = l.errno();
+      if (errno === EINTR) continue;
+      if (errno === EEXIST) return "EEXIST";
+      if (errno === ENOENT) return "ENOENT";
+      throw errnoError(errno, "link", `${this.prefix}/${created}`);
+    }
+    return undefined;
+  }
+
+  unlink(name: string): "ENOENT" | undefined {
+    const l = fast!;
+    while (l.unlinkat(this.#fd, name) !== 0) {
+      const errno = l.errno();
+      if (errno === EINTR) continue;
+      if (errno === ENOENT) return "ENOENT";
+      throw errnoError(errno, "unlink", `${this.prefix}/${name}`);
+    }
+    return undefined;
+  }
+
+  lstat(name: string): FileInfo | null {
+    return lstatAt(this.#fd, this.prefix, name);
+  }
+
+  close(): void {
+    if (this.#fd < 0) return;
+    fast!.close(this.#fd);
+    this.#fd = -1;
+  }
+}
+
+function lstatAt(dirfd: number, dir: string, name: string): FileInfo | null {
+  const l = fast!;
+  while (l.fstatat(dirfd, name, AT_SYMLINK_NOFOLLOW) !== 0) {
+    const errno = l.errno();
+    if (errno === EINTR) continue;
+    if (errno === ENOENT) return null;
+    throw errnoError(errno, "lstat", named(dir, name));
+  }
+  return statInfo();
+}
+
 let hostnameCache: string | undefined;
 let identityCache: { boot: string; pidns: string } | undefined;
 // Whether /proc/self/fd/N names the open directory N (Linux with /proc
@@ -292,107 +334,22 @@ function procWorks(fd: number): boolean {
   return procFd;
 }
 
-function createNew(path: string): Handle | "EEXIST" | "ENOENT" {
-  try {
-    return new NodeHandle(openSync(path, CREATE, 0o644), path);
-  } catch (err) {
-    const code = (err as { code?: string }).code;
-    if (code === "EEXIST" || code === "ENOENT") return code;
-    throw sysError(err, "open", path);
-  }
-}
-
-function openExisting(path: string): Handle | "ENOENT" {
+/** Pins `path` by an O_PATH descriptor opened through the FFI. */
+function openDirAt(l: Libc, path: string): Dir {
   let fd: number;
+  for (;;) {
+    fd = l.openat(AT_FDCWD, path, OPEN_DIR | O_CLOEXEC, 0);
+    if (fd >= 0) break;
+    const errno = l.errno();
+    if (errno !== EINTR) throw errnoError(errno, "open", path);
+  }
+  if (procWorks(fd)) return new FdDir(`/proc/self/fd/${fd}`, fd);
+  // No /proc: still pinned by the descriptor; the canonical path names it.
   try {
-    fd = openSync(path, OPEN_EXISTING);
+    return new FdDir(realpathSync.native(path), fd);
   } catch (err) {
-    const code = (err as { code?: string }).code;
-    if (code === "ENOENT") return code;
-    // A UNIX socket cannot be opened: ENXIO. It is not a regular file.
-    if (code === "ENXIO") {
-      throw new SysError("EFTYPE", "open", `open '${path}': a socket`);
-    }
-    throw sysError(err, "open", path);
-  }
-  const handle = new NodeHandle(fd, path);
-  const kind = handle.stat().kind;
-  if (kind !== "file") {
-    handle.close();
-    throw new SysError(
-      "EFTYPE",
-      "open",
-      `open '${path}': not a regular file`,
-    );
-  }
-  return handle;
-}
-
-function lstat(path: string): FileInfo | null {
-  try {
-    const s = lstatSync(path, { throwIfNoEntry: false });
-    return s ? info(s) : null;
-  } catch (err) {
-    throw sysError(err, "lstat", path);
-  }
-}
-
-/** A pinned directory; entries are named `${prefix}/${name}`. */
-class NodeDir implements Dir {
-  readonly prefix: string;
-  readonly byDescriptor: boolean;
-  #fd: number | undefined;
-
-  constructor(prefix: string, fd: number | undefined) {
-    this.prefix = prefix;
-    this.byDescriptor = fd !== undefined;
-    this.#fd = fd;
-  }
-
-  create(name: string): Handle | "EEXIST" | "ENOENT" {
-    return createNew(`${this.prefix}/${name}`);
-  }
-
-  open(name: string): Handle | "ENOENT" {
-    return openExisting(`${this.prefix}/${name}`);
-  }
-
-  link(existing: string, created: string): "EEXIST" | "ENOENT" | undefined {
-    const to = `${this.prefix}/${created}`;
-    try {
-      linkSync(`${this.prefix}/${existing}`, to);
-      return undefined;
-    } catch (err) {
-      const code = (err as { code?: string }).code;
-      if (code === "EEXIST" || code === "ENOENT") return code;
-      throw sysError(err, "link", to);
-    }
-  }
-
-  unlink(name: string): "ENOENT" | undefined {
-    const path = `${this.prefix}/${name}`;
-    try {
-      unlinkSync(path);
-      return undefined;
-    } catch (err) {
-      if ((err as { code?: string }).code === "ENOENT") return "ENOENT";
-      throw sysError(err, "unlink", path);
-    }
-  }
-
-  lstat(name: string): FileInfo | null {
-    return lstat(`${this.prefix}/${name}`);
-  }
-
-  close(): void {
-    if (this.#fd === undefined) return;
-    const fd = this.#fd;
-    this.#fd = undefined;
-    try {
-      closeSync(fd);
-    } catch {
-      // Gone either way.
-    }
+    l.close(fd);
+    throw sysError(err, "realpath", path);
   }
 }
 
@@ -416,20 +373,22 @@ export const platform: Platform = {
   },
 
   openExisting(path: string): Handle | "ENOENT" {
-    return openExisting(path);
+    return ffi() ? openAt(AT_FDCWD, "", path) : fsOpenExisting(path);
   },
 
-  openDir(path: string) {
+  openDir(path: string): Dir {
+    const l = ffi();
+    if (l) return openDirAt(l, path);
     let fd: number;
     try {
       fd = openSync(path, OPEN_DIR);
     } catch (err) {
       throw sysError(err, "open", path);
     }
-    if (procWorks(fd)) return new NodeDir(`/proc/self/fd/${fd}`, fd);
+    if (procWorks(fd)) return new PathDir(`/proc/self/fd/${fd}`, fd);
     // No /proc: the canonical path, resolved once.
     try {
-      return new NodeDir(realpathSync.native(path), undefined);
+      return new PathDir(realpathSync.native(path), undefined);
     } catch (err) {
       throw sysError(err, "realpath", path);
     } finally {
@@ -438,7 +397,7 @@ export const platform: Platform = {
   },
 
   lstat(path: string): FileInfo | null {
-    return lstat(path);
+    return ffi() ? lstatAt(AT_FDCWD, "", path) : fsLstat(path);
   },
 
   mkdirp(path: string): void {

@@ -1,0 +1,257 @@
+/**
+ * The Node.js (and Bun) platform's fallback through `node:fs`, where the
+ * `*at()` calls of `_libc_node.ts` are not to be had (not Linux x86-64 or
+ * arm64, or a libc without them): a pinned directory's entries are named
+ * `${prefix}/${name}` (`/proc/self/fd/N/<name>` where /proc can name the
+ * descriptor, otherwise the canonical path). flock still goes through the
+ * FFI.
+ *
+ * @module
+ */
+
+import {
+  closeSync,
+  constants as fsc,
+  fchmodSync,
+  fstatSync,
+  linkSync,
+  lstatSync,
+  openSync,
+  readSync,
+  type Stats,
+  unlinkSync,
+  writeSync,
+} from "node:fs";
+import { flockFd } from "./_libc_node.ts";
+import { type Dir, type FileInfo, type Handle, SysError } from "./types.ts";
+
+const LOCK_SH = 1;
+const LOCK_EX = 2;
+const LOCK_NB = 4;
+const LOCK_UN = 8;
+
+/** A `node:fs` error as a {@linkcode SysError}. */
+export function sysError(
+  err: unknown,
+  syscall: string,
+  path: string,
+): SysError {
+  if (err instanceof SysError) return err;
+  const code = (err as { code?: unknown } | null)?.code;
+  const message = err instanceof Error ? err.message : String(err);
+  return new SysError(
+    typeof code === "string" ? code : "EUNKNOWN",
+    syscall,
+    `${syscall} '${path}': ${message}`,
+    { cause: err },
+  );
+}
+
+function info(s: Stats): FileInfo {
+  return {
+    dev: s.dev,
+    ino: s.ino,
+    size: s.size,
+    mode: s.mode & 0o7777,
+    uid: s.uid,
+    kind: s.isFile()
+      ? "file"
+      : s.isDirectory()
+      ? "directory"
+      : s.isSymbolicLink()
+      ? "symlink"
+      : "other",
+  };
+}
+
+/** Shared by both platforms' reads (records are at most 4 KiB). */
+export const scratch = new Uint8Array(4097);
+
+class FsHandle implements Handle {
+  #fd: number | undefined;
+  #path: string;
+
+  constructor(fd: number, path: string) {
+    this.#fd = fd;
+    this.#path = path;
+  }
+
+  tryLock(exclusive: boolean): boolean {
+    return flockFd(
+      this.#fd!,
+      (exclusive ? LOCK_EX : LOCK_SH) | LOCK_NB,
+      this.#path,
+    );
+  }
+
+  unlock(): void {
+    flockFd(this.#fd!, LOCK_UN, this.#path);
+  }
+
+  write(data: Uint8Array): void {
+    try {
+      let done = 0;
+      while (done < data.length) {
+        done += writeSync(this.#fd!, data, done, data.length - done);
+      }
+    } catch (err) {
+      throw sysError(err, "write", this.#path);
+    }
+  }
+
+  readAll(max: number): Uint8Array {
+    try {
+      const buf = max <= scratch.length ? scratch : new Uint8Array(max);
+      let len = 0;
+      while (len < max) {
+        const n = readSync(this.#fd!, buf, len, max - len, len);
+        if (n === 0) break;
+        len += n;
+        // A regular file reads short only at its end: no second read.
+        if (len < max) break;
+      }
+      return buf.slice(0, len);
+    } catch (err) {
+      throw sysError(err, "read", this.#path);
+    }
+  }
+
+  stat(): FileInfo {
+    try {
+      return info(fstatSync(this.#fd!));
+    } catch (err) {
+      throw sysError(err, "fstat", this.#path);
+    }
+  }
+
+  chmod(mode: number): void {
+    try {
+      fchmodSync(this.#fd!, mode);
+    } catch (err) {
+      throw sysError(err, "fchmod", this.#path);
+    }
+  }
+
+  close(): void {
+    if (this.#fd === undefined) return;
+    const fd = this.#fd;
+    this.#fd = undefined;
+    try {
+      closeSync(fd);
+    } catch {
+      // Nothing to do: the descriptor is gone either way.
+    }
+  }
+}
+
+// libuv opens every descriptor with O_CLOEXEC, so children never inherit
+// the lock.
+const CREATE = fsc.O_RDWR | fsc.O_CREAT | fsc.O_EXCL;
+// O_NONBLOCK: opening a FIFO must not hang. O_NOFOLLOW: ELOOP on a symlink.
+const OPEN_EXISTING = fsc.O_RDONLY | fsc.O_NOFOLLOW | fsc.O_NONBLOCK;
+
+function createNew(path: string): Handle | "EEXIST" | "ENOENT" {
+  try {
+    return new FsHandle(openSync(path, CREATE, 0o644), path);
+  } catch (err) {
+    const code = (err as { code?: string }).code;
+    if (code === "EEXIST" || code === "ENOENT") return code;
+    throw sysError(err, "open", path);
+  }
+}
+
+/** {@linkcode Platform.openExisting} through `node:fs`. */
+export function fsOpenExisting(path: string): Handle | "ENOENT" {
+  let fd: number;
+  try {
+    fd = openSync(path, OPEN_EXISTING);
+  } catch (err) {
+    const code = (err as { code?: string }).code;
+    if (code === "ENOENT") return code;
+    // A UNIX socket cannot be opened: ENXIO. It is not a regular file.
+    if (code === "ENXIO") {
+      throw new SysError("EFTYPE", "open", `open '${path}': a socket`);
+    }
+    throw sysError(err, "open", path);
+  }
+  const handle = new FsHandle(fd, path);
+  const kind = handle.stat().kind;
+  if (kind !== "file") {
+    handle.close();
+    throw new SysError(
+      "EFTYPE",
+      "open",
+      `open '${path}': not a regular file`,
+    );
+  }
+  return handle;
+}
+
+/** {@linkcode Platform.lstat} through `node:fs`. */
+export function fsLstat(path: string): FileInfo | null {
+  try {
+    const s = lstatSync(path, { throwIfNoEntry: false });
+    return s ? info(s) : null;
+  } catch (err) {
+    throw sysError(err, "lstat", path);
+  }
+}
+
+/** A pinned directory whose entries are named `${prefix}/${name}`. */
+export class PathDir implements Dir {
+  readonly prefix: string;
+  readonly byDescriptor: boolean;
+  #fd: number | undefined;
+
+  constructor(prefix: string, fd: number | undefined) {
+    this.prefix = prefix;
+    this.byDescriptor = fd !== undefined;
+    this.#fd = fd;
+  }
+
+  create(name: string): Handle | "EEXIST" | "ENOENT" {
+    return createNew(`${this.prefix}/${name}`);
+  }
+
+  open(name: string): Handle | "ENOENT" {
+    return fsOpenExisting(`${this.prefix}/${name}`);
+  }
+
+  link(existing: string, created: string): "EEXIST" | "ENOENT" | undefined {
+    const to = `${this.prefix}/${created}`;
+    try {
+      linkSync(`${this.prefix}/${existing}`, to);
+      return undefined;
+    } catch (err) {
+      const code = (err as { code?: string }).code;
+      if (code === "EEXIST" || code === "ENOENT") return code;
+      throw sysError(err, "link", to);
+    }
+  }
+
+  unlink(name: string): "ENOENT" | undefined {
+    const path = `${this.prefix}/${name}`;
+    try {
+      unlinkSync(path);
+      return undefined;
+    } catch (err) {
+      if ((err as { code?: string }).code === "ENOENT") return "ENOENT";
+      throw sysError(err, "unlink", path);
+    }
+  }
+
+  lstat(name: string): FileInfo | null {
+    return fsLstat(`${this.prefix}/${name}`);
+  }
+
+  close(): void {
+    if (this.#fd === undefined) return;
+    const fd = this.#fd;
+    this.#fd = undefined;
+    try {
+      closeSync(fd);
+    } catch {
+      // Gone either way.
+    }
+  }
+}

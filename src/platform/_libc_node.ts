@@ -1,0 +1,407 @@
+/**
+ * libc for the Node.js (and Bun) platform: `flock(2)` everywhere, and on
+ * Linux x86-64 and arm64 the `*at()` calls that name a lock's files
+ * relative to its pinned directory descriptor, with `fstat`, `pread`,
+ * `write`, `fchmod` and `close`, all through the FFI the package already
+ * loads (koffi under Node, the built-in `bun:ffi` under Bun).
+ *
+ * Why not `node:fs`: it has no `*at()` calls, so a pinned directory had to
+ * be named `/proc/self/fd/N/<name>`, and every such walk leaves the kernel's
+ * lock-free path lookup (~2 µs a call, issue 17); and each failed call
+ * throws, where the protocol expects ENOENT and EEXIST as answers. Here a
+ * call returns libc's result, and the errno is read right after it.
+ *
+ * Loaded on the first lock operation, never at import.
+ *
+ * @module
+ */
+
+import { lstatSync } from "node:fs";
+import { createRequire } from "node:module";
+import { constants as osc } from "node:os";
+import process from "node:process";
+import { getSystemErrorMap } from "node:util";
+import { type FileInfo, SysError } from "./types.ts";
+
+/**
+ * The calls, with libc's conventions: -1 (or a negative count) on failure,
+ * then {@linkcode Libc.errno} tells why. Strings are paths or names
+ * without NUL.
+ */
+export interface Libc {
+  /** Whether the calls below `flock` exist here (see {@linkcode libc}). */
+  readonly at: boolean;
+  flock(fd: number, operation: number): number;
+  /** `openat(dirfd, path, flags, mode)` (variadic in C: declared so). */
+  openat(dirfd: number, path: string, flags: number, mode: number): number;
+  linkat(dirfd: number, from: string, to: string): number;
+  unlinkat(dirfd: number, path: string): number;
+  /** `fstatat(dirfd, path, &st, flags)` into {@linkcode statInfo}'s buffer. */
+  fstatat(dirfd: number, path: string, flags: number): number;
+  /** `fstat(fd, &st)` into {@linkcode statInfo}'s buffer. */
+  fstat(fd: number): number;
+  pread(fd: number, buf: Uint8Array, count: number, offset: number): number;
+  write(fd: number, buf: Uint8Array, count: number): number;
+  fchmod(fd: number, mode: number): number;
+  close(fd: number): number;
+  /** The calling thread's errno, as the last call left it. */
+  errno(): number;
+}
+
+/** Linux's values, the same on x86-64 and arm64 (the only `at` targets). */
+export const AT_FDCWD = -100;
+export const AT_SYMLINK_NOFOLLOW = 0x100;
+export const O_CLOEXEC = 0o2000000;
+export const O_PATH = 0o10000000;
+
+const LIBC: Partial<Record<NodeJS.Platform, string[]>> = {
+  linux: ["libc.so.6", "libc.so"],
+  darwin: ["libSystem.B.dylib", "/usr/lib/libSystem.B.dylib"],
+  freebsd: ["libc.so.7"],
+  openbsd: ["libc.so"],
+  netbsd: ["libc.so"],
+};
+
+// Where libc keeps the calling thread's errno (bun:ffi does not report it).
+const ERRNO_LOCATION: Partial<Record<NodeJS.Platform, string>> = {
+  linux: "__errno_location",
+  darwin: "__error",
+  freebsd: "__error",
+  openbsd: "__errno",
+  netbsd: "__errno",
+};
+
+/**
+ * `struct stat` as Linux returns it (glibc, musl: the kernel's layout), for
+ * the architectures whose layout is written here. Offsets of st_dev and
+ * st_ino (both 0 and 8), st_mode, st_uid, st_size. Elsewhere (macOS, the
+ * BSDs, other CPUs) the `*at()` path stays off and `node:fs` serves.
+ */
+const STAT_LAYOUT: Record<string, { mode: number; uid: number; size: number }> =
+  {
+    x64: { mode: 24, uid: 28, size: 48 }, // arch/x86/include/uapi/asm/stat.h
+    arm64: { mode: 16, uid: 24, size: 48 }, // include/uapi/asm-generic/stat.h
+  };
+const layout = process.platform === "linux"
+  ? STAT_LAYOUT[process.arch]
+  : undefined;
+
+// One buffer for every stat (the kernel's struct stat is 144 bytes on
+// x86-64, 128 on arm64): no allocation per call.
+const statBuf = new Uint8Array(256);
+const statView = new DataView(statBuf.buffer);
+
+const S_IFMT = 0o170000;
+
+/** Whether the last successful `fstatat`/`fstat` found a regular file. */
+export function statIsFile(): boolean {
+  return (statView.getUint32(layout!.mode, true) & S_IFMT) === 0o100000;
+}
+
+/** The last successful `fstatat`/`fstat`, decoded. */
+export function statInfo(): FileInfo {
+  const l = layout!;
+  const mode = statView.getUint32(l.mode, true);
+  const type = mode & S_IFMT;
+  return {
+    // Two 32-bit halves: as exact as node:fs's numbers (a double each).
+    dev: statView.getUint32(0, true) + statView.getUint32(4, true) * 2 ** 32,
+    ino: statView.getUint32(8, true) + statView.getUint32(12, true) * 2 ** 32,
+    size: statView.getUint32(l.size, true) +
+      statView.getInt32(l.size + 4, true) * 2 ** 32,
+    mode: mode & 0o7777,
+    uid: statView.getUint32(l.uid, true),
+    kind: type === 0o100000
+      ? "file"
+      : type === 0o040000
+      ? "directory"
+      : type === 0o120000
+      ? "symlink"
+      : "other",
+  };
+}
+
+const isBun = typeof (globalThis as { Bun?: unknown }).Bun !== "undefined";
+/** Which FFI this runtime uses, for messages. */
+export const ffiName = isBun ? "bun:ffi" : "koffi";
+
+/** Minimal shape of `bun:ffi`, which has no types outside Bun. */
+interface BunFfi {
+  dlopen(
+    name: string,
+    symbols: Record<string, { args: string[]; returns: string }>,
+  ): { symbols: Record<string, (...args: unknown[]) => unknown> };
+  read: { i32(pointer: unknown, offset: number): number };
+}
+
+type Fn = (...args: unknown[]) => number;
+
+const NO_AT = {
+  openat: () => -1,
+  linkat: () => -1,
+  unlinkat: () => -1,
+  fstatat: () => -1,
+  fstat: () => -1,
+  pread: () => -1,
+  write: () => -1,
+  fchmod: () => -1,
+  close: () => -1,
+};
+
+// bun:ffi passes strings as pointers to NUL-terminated bytes: two buffers
+// (linkat names two files), each as long as any path the kernel accepts
+// (PATH_MAX 4096 bytes) can encode to. A longer one cannot fit: ENAMETOOLONG.
+const encoder = new TextEncoder();
+const nameA = new Uint8Array(3 * 4096 + 4);
+const nameB = new Uint8Array(3 * 4096 + 4);
+
+/** `s` as a C string in `buf`, or `undefined` when it is too long. */
+function cString(s: string, buf: Uint8Array): Uint8Array | undefined {
+  const { read, written } = encoder.encodeInto(s, buf);
+  if (read !== s.length || written >= buf.length) return undefined;
+  buf[written] = 0;
+  return buf;
+}
+
+const ENAMETOOLONG = 36;
+let bunErrno = 0;
+
+function bindBun(name: string, at: boolean): Libc {
+  const load = createRequire(import.meta.url);
+  const ffi = load("bun:ffi") as BunFfi;
+  const where = ERRNO_LOCATION[process.platform]!;
+  const i32 = "i32";
+  const { symbols: s } = ffi.dlopen(name, {
+    flock: { args: [i32, i32], returns: i32 },
+    [where]: { args: [], returns: "ptr" },
+    ...(at
+      ? {
+        // bun:ffi has no variadic calls. openat's mode goes as a fourth
+        // fixed argument, which is how a variadic callee receives it on
+        // the two ABIs this path runs on (x86-64 SysV: integer arguments
+        // in the same registers, %al only bounds the vector registers the
+        // callee saves; AAPCS64 on Linux: variadic arguments in registers
+        // like fixed ones). Not on macOS arm64 (stack), where this is off.
+        openat: { args: [i32, "ptr", i32, i32], returns: i32 },
+        linkat: { args: [i32, "ptr", i32, "ptr", i32], returns: i32 },
+        unlinkat: { args: [i32, "ptr", i32], returns: i32 },
+        fstatat: { args: [i32, "ptr", "ptr", i32], returns: i32 },
+        fstat: { args: [i32, "ptr"], returns: i32 },
+        // ssize_t results read as their low 32 bits: -1 stays -1, and no
+        // count here reaches 2 GiB.
+        pread: { args: [i32, "ptr", "u64", "i64"], returns: i32 },
+        write: { args: [i32, "ptr", "u64"], returns: i32 },
+        fchmod: { args: [i32, "u32"], returns: i32 },
+        close: { args: [i32], returns: i32 },
+      }
+      : {}),
+  });
+  // The main thread's errno lives at one address for the thread's life
+  // (a Worker loads its own copy of this module, on its own thread).
+  const errnoAt = s[where]();
+  const read = ffi.read;
+  const errno = () => {
+    if (bunErrno === 0) return read.i32(errnoAt, 0);
+    const e = bunErrno;
+    bunErrno = 0;
+    return e;
+  };
+  const flock = s.flock as Fn;
+  if (!at) return { at, flock, errno, ...NO_AT };
+  const openat = s.openat as Fn;
+  const linkat = s.linkat as Fn;
+  const unlinkat = s.unlinkat as Fn;
+  const fstatat = s.fstatat as Fn;
+  const fstat = s.fstat as Fn;
+  // A name that cannot be a C string here fails as the kernel would fail
+  // it, without a call: bunErrno says why, to the errno() that follows.
+  const tooLong = () => {
+    bunErrno = ENAMETOOLONG;
+    return -1;
+  };
+  return {
+    at,
+    flock,
+    errno,
+    openat(dirfd, path, flags, mode) {
+      const p = cString(path, nameA);
+      return p ? openat(dirfd, p, flags, mode) : tooLong();
+    },
+    linkat(dirfd, from, to) {
+      const a = cString(from, nameA);
+      const b = cString(to, nameB);
+      return a && b ? linkat(dirfd, a, dirfd, b, 0) : tooLong();
+    },
+    unlinkat(dirfd, path) {
+      const p = cString(path, nameA);
+      return p ? unlinkat(dirfd, p, 0) : tooLong();
+    },
+    fstatat(dirfd, path, flags) {
+      const p = cString(path, nameA);
+      return p ? fstatat(dirfd, p, statBuf, flags) : tooLong();
+    },
+    fstat: (fd) => fstat(fd, statBuf),
+    pread: s.pread as Fn,
+    write: s.write as Fn,
+    fchmod: s.fchmod as Fn,
+    close: s.close as Fn,
+  };
+}
+
+function bindKoffi(name: string, at: boolean): Libc {
+  const load = createRequire(import.meta.url);
+  const koffi = load("koffi") as typeof import("koffi");
+  const lib = koffi.load(name);
+  const flock = lib.func("int flock(int fd, int operation)") as Fn;
+  const errno = () => koffi.errno();
+  if (!at) return { at, flock, errno, ...NO_AT };
+  // Variadic, as libc declares it: a fixed fourth argument is wrong where
+  // variadic arguments travel on the stack (macOS arm64). It costs ~55 ns
+  // a call more than a fixed declaration (koffi 3.3.4, Linux x86-64).
+  const openat = lib.func("int openat(int dirfd, str path, int flags, ...)");
+  const linkat = lib.func(
+    "int linkat(int olddirfd, str oldpath, int newdirfd, str newpath, int flags)",
+  );
+  const unlinkat = lib.func("int unlinkat(int dirfd, str path, int flags)");
+  const fstatat = lib.func(
+    "int fstatat(int dirfd, str path, void *st, int flags)",
+  );
+  const fstat = lib.func("int fstat(int fd, void *st)");
+  return {
+    at,
+    flock,
+    errno,
+    openat: (dirfd, path, flags, mode) =>
+      openat(dirfd, path, flags, "int", mode),
+    linkat: (dirfd, from, to) => linkat(dirfd, from, dirfd, to, 0),
+    unlinkat: (dirfd, path) => unlinkat(dirfd, path, 0),
+    fstatat: (dirfd, path, flags) => fstatat(dirfd, path, statBuf, flags),
+    fstat: (fd) => fstat(fd, statBuf),
+    pread: lib.func(
+      "long pread(int fd, void *buf, size_t count, int64_t offset)",
+    ) as Fn,
+    write: lib.func("long write(int fd, const void *buf, size_t count)") as Fn,
+    fchmod: lib.func("int fchmod(int fd, uint32_t mode)") as Fn,
+    close: lib.func("int close(int fd)") as Fn,
+  };
+}
+
+let loaded: Libc | undefined;
+let failure: unknown;
+let tried = false;
+
+/**
+ * libc, bound on first use; `undefined` when the FFI cannot load (then
+ * {@linkcode libcFailure} says why, and `flock` cannot be had). `at` is
+ * true only on Linux x86-64 and arm64, and only once a decoded `fstatat`
+ * of `/` agreed with `node:fs`'s (a libc without these symbols, such as
+ * glibc before 2.33, which had no `fstatat` symbol, leaves it off).
+ */
+export function libc(): Libc | undefined {
+  if (tried) return loaded;
+  tried = true;
+  const names = LIBC[process.platform];
+  if (!names) {
+    failure = `runlock does not support ${process.platform}`;
+    return undefined;
+  }
+  const bind = isBun ? bindBun : bindKoffi;
+  for (const name of names) {
+    try {
+      loaded = bind(name, layout !== undefined);
+      break;
+    } catch (err) {
+      failure = err;
+      // Maybe only the *at() symbols are missing: flock alone, then.
+      try {
+        if (layout !== undefined) loaded = bind(name, false);
+        if (loaded) break;
+      } catch {
+        // Not this name.
+      }
+    }
+  }
+  if (loaded?.at && !agrees(loaded)) {
+    loaded = { ...loaded, at: false, ...NO_AT };
+  }
+  return loaded;
+}
+
+/** Whether this libc's `fstatat` decodes as `node:fs` reads the same file. */
+function agrees(l: Libc): boolean {
+  try {
+    if (l.fstatat(AT_FDCWD, "/", AT_SYMLINK_NOFOLLOW) !== 0) return false;
+    const ours = statInfo();
+    const theirs = lstatSync("/");
+    return ours.dev === theirs.dev && ours.ino === theirs.ino &&
+      ours.kind === "directory" && ours.mode === (theirs.mode & 0o7777) &&
+      ours.uid === theirs.uid && ours.size === theirs.size;
+  } catch {
+    return false;
+  }
+}
+
+/** The error for a failed `syscall` on `path`, from its errno. */
+export function errnoError(
+  errno: number,
+  syscall: string,
+  path: string,
+): SysError {
+  // Named as os.constants.errno names them (libuv's map lacks some, such
+  // as ENOLCK), worded as node:fs words them where libuv knows the errno.
+  errnoNames ??= new Map(
+    Object.entries(osc.errno).map(([name, value]) => [value, name]),
+  );
+  const name = errnoNames.get(errno) ?? `errno ${errno}`;
+  const text = getSystemErrorMap().get(-errno)?.[1];
+  return new SysError(
+    name,
+    syscall,
+    `${syscall} '${path}': ${text ? `${name}: ${text}` : name}`,
+  );
+}
+
+let errnoNames: Map<number, string> | undefined;
+
+export const EINTR = osc.errno.EINTR;
+export const ENOENT = osc.errno.ENOENT;
+export const EEXIST = osc.errno.EEXIST;
+const EWOULDBLOCK = osc.errno.EWOULDBLOCK;
+const EAGAIN = osc.errno.EAGAIN;
+
+/**
+ * `flock(fd, operation)`: `false` when it would block (only `LOCK_NB` is
+ * ever asked: a blocking flock would hold the event loop); EINTR retried.
+ */
+export function flockFd(fd: number, operation: number, path: string): boolean {
+  const l = loaded ?? libc() ?? noFfi(path);
+  for (;;) {
+    if (l.flock(fd, operation) === 0) return true;
+    const errno = l.errno();
+    if (errno === EINTR) continue;
+    if (errno === EWOULDBLOCK || errno === EAGAIN) return false;
+    throw errnoError(errno, "flock", path);
+  }
+}
+
+/** Why {@linkcode libc} could not load, as the error flock throws. */
+function noFfi(path: string): never {
+  const names = LIBC[process.platform];
+  if (!names) {
+    throw new SysError(
+      "ENOSYS",
+      "flock",
+      `flock '${path}': runlock does not support ${process.platform}`,
+    );
+  }
+  // Not the file system's fault: the FFI module itself failed to load (a
+  // missing or broken koffi install, an unsupported CPU). Say so.
+  const why = failure instanceof Error ? failure.message : String(failure);
+  throw new SysError(
+    "ENOFFI",
+    "flock",
+    `cannot load ${ffiName}, which runlock uses to call flock(2) in libc ` +
+      `(${names.join(", ")}): ${why}`,
+    { cause: failure },
+  );
+}
