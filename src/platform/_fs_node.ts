@@ -80,12 +80,13 @@ class FsHandle implements Handle {
     return flockFd(
       this.#fd!,
       (exclusive ? LOCK_EX : LOCK_SH) | LOCK_NB,
+      "",
       this.#path,
     );
   }
 
   unlock(): void {
-    flockFd(this.#fd!, LOCK_UN, this.#path);
+    flockFd(this.#fd!, LOCK_UN, "", this.#path);
   }
 
   write(data: Uint8Array): void {

@@ -372,15 +372,21 @@ const EAGAIN = osc.errno.EAGAIN;
 /**
  * `flock(fd, operation)`: `false` when it would block (only `LOCK_NB` is
  * ever asked: a blocking flock would hold the event loop); EINTR retried.
+ * `dir` and `name` name the file in errors (`dir` "": `name` is a path).
  */
-export function flockFd(fd: number, operation: number, path: string): boolean {
-  const l = loaded ?? libc() ?? noFfi(path);
+export function flockFd(
+  fd: number,
+  operation: number,
+  dir: string,
+  name: string,
+): boolean {
+  const l = loaded ?? libc() ?? noFfi(dir === "" ? name : `${dir}/${name}`);
   for (;;) {
     if (l.flock(fd, operation) === 0) return true;
     const errno = l.errno();
     if (errno === EINTR) continue;
     if (errno === EWOULDBLOCK || errno === EAGAIN) return false;
-    throw errnoError(errno, "flock", path);
+    throw errnoError(errno, "flock", dir === "" ? name : `${dir}/${name}`);
   }
 }
 
