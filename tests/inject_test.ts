@@ -7,10 +7,18 @@
 // strace runs with `-P` for every name of the case's lock directory's files
 // (the directory, run.lock, a dead run's temp file, the program's own temp
 // files, each by its path and through /proc/self/fd/K/, as the Node and Bun
-// platforms name files of the pinned directory). strace then traces, and
-// counts for `when=`, only the calls that name one of these files by a
-// path or by a descriptor (-P resolves a descriptor, a directory's
-// included, through /proc/PID/fd): whatever else the runtime does (start-up,
+// platforms' node:fs fallback names files of the pinned directory). strace
+// then traces, and counts for `when=`, only the calls that name one of
+// these files by a path or by a descriptor (-P resolves a descriptor, a
+// directory's included, through /proc/PID/fd). An *at() call (the Node and
+// Bun platforms on Linux x86-64 and arm64: openat, linkat, unlinkat,
+// fstatat on the pinned directory's descriptor) is selected by that
+// descriptor, -P matching neither its relative name nor the joined path;
+// the matcher reads the name after the descriptor (parseLine), so a case
+// still finds its call by the file it touches, and the calls the
+// descriptor selects are the fixture's own, made in the same order on
+// every run (checkInterval 0: no timer, no watch). Whatever else the
+// runtime does (start-up,
 // a file it reads lazily or from another moment on another run) is neither
 // counted nor hit. The program's temp file names are known before the run
 // because the fixture fixes the random tag in them (RUNLOCK_INJECT_TAG,
