@@ -15,7 +15,10 @@
 //                process, against a bare control making the same calls
 //
 // Sizes shrink under RUNLOCK_BENCH_QUICK=1; RUNLOCK_BENCH_SCALE (a comma
-// list of newname, many, waiters, rss) picks parts.
+// list of newname, many, waiters, rss) picks parts; RUNLOCK_BENCH_CYCLES
+// sets the memory part's cycles. The new-name and many-locks parts stop
+// early on a time budget (a slow build must not take the run hostage): a
+// many-locks run that stopped short counts as a miss.
 import { spawn } from "node:child_process";
 import { mkdirSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
@@ -129,7 +132,13 @@ async function newName(ctx: ScaleContext, s: ScaleSection): Promise<void> {
   for (const rt of ctx.runtimes) {
     ctx.log(`scale: new names, ${rt}`);
     const cmd = ctx.command(rt, "bench_scale_worker");
-    const req = { dirs: [empty, full], perRound, rounds, warm: 3 };
+    const req = {
+      dirs: [empty, full],
+      perRound,
+      rounds,
+      warm: 3,
+      budgetMs: ctx.quick ? 5_000 : 15_000,
+    };
     const got = await runWorker(ctx, [...cmd, "newname", json(req)]);
     const e = median(got.empty), f = median(got.full);
     s.newName[rt] = {
@@ -152,7 +161,7 @@ async function manyLocks(ctx: ScaleContext, s: ScaleSection): Promise<void> {
       dir,
       count: s.sizes.locks,
       block: s.sizes.block,
-      budgetMs: ctx.quick ? 20_000 : 60_000,
+      budgetMs: ctx.quick ? 10_000 : 30_000,
     };
     const cmd = ctx.command(rt, "bench_scale_worker");
     const got = await runWorker(ctx, [...cmd, "many", json(req)]);
@@ -285,7 +294,7 @@ export async function scaleSection(ctx: ScaleContext): Promise<ScaleSection> {
         block: 100,
         waiters: 10,
         waitMs: 2_000,
-        cycles: 50_000,
+        cycles: Number(process.env.RUNLOCK_BENCH_CYCLES ?? 50_000),
       }
       : {
         files: 100_000,
@@ -338,6 +347,7 @@ export function scaleTables(s: ScaleSection): string {
         "full ÷ empty",
         "p90 empty",
         "p90 full",
+        "names each",
       ],
       Object.entries(s.newName).map(([rt, v]) => [
         rt,
@@ -346,12 +356,11 @@ export function scaleTables(s: ScaleSection): string {
         `${v.ratio}×`,
         String(v.emptyP90Us),
         String(v.fullP90Us),
+        String(v.samples),
       ]),
     );
     out.push(
-      `(medians of ${
-        Object.values(s.newName)[0].samples
-      } names per directory, the two directories alternating)`,
+      "(medians over new names in each directory, the two directories alternating by round; fewer rounds when a round is slow)",
     );
   }
   if (Object.keys(s.manyLocks).length) {

@@ -46,6 +46,8 @@ interface NewNameRequest {
   rounds: number;
   /** Names per directory before timing (the first pin, caches). */
   warm: number;
+  /** No new round after this many ms (a slow build: a few rounds do). */
+  budgetMs: number;
 }
 
 /**
@@ -66,7 +68,9 @@ async function newName(req: NewNameRequest): Promise<void> {
     for (let i = 0; i < req.warm; i++) one(dir);
   }
   const us: [number[], number[]] = [[], []];
+  const end = performance.now() + req.budgetMs;
   for (let r = 0; r < req.rounds; r++) {
+    if (r >= 2 && performance.now() > end) break;
     for (let d = 0; d < 2; d++) {
       const k = (r + d) % 2; // empty first on even rounds, full first on odd
       for (let i = 0; i < req.perRound; i++) {
