@@ -86,6 +86,15 @@ const layout = process.platform === "linux"
   ? STAT_LAYOUT[process.arch]
   : undefined;
 
+/**
+ * How `fstatat` and `fstat` are had: as those symbols (glibc 2.33 and
+ * later, musl), or through `__fxstatat64`/`__fxstat64` with glibc's
+ * `_STAT_VER` (glibc before 2.33 had no `fstatat`/`fstat` symbols, only
+ * these: Debian 11, Ubuntu 20.04, RHEL 8). Either way the same struct.
+ */
+type Stat = "stat" | "xstat";
+const STAT_VER = process.arch === "x64" ? 1 : 0; // _STAT_VER_LINUX, _KERNEL
+
 // One buffer for every stat (the kernel's struct stat is 144 bytes on
 // x86-64, 128 on arm64): no allocation per call.
 const statBuf = new Uint8Array(256);
@@ -166,7 +175,7 @@ function cString(s: string, buf: Uint8Array): Uint8Array | undefined {
 const ENAMETOOLONG = 36;
 let bunErrno = 0;
 
-function bindBun(name: string, at: boolean): Libc {
+function bindBun(name: string, at: Stat | false): Libc {
   const load = createRequire(import.meta.url);
   const ffi = load("bun:ffi") as BunFfi;
   const where = ERRNO_LOCATION[process.platform]!;
@@ -185,8 +194,18 @@ function bindBun(name: string, at: boolean): Libc {
         openat: { args: [i32, "ptr", i32, i32], returns: i32 },
         linkat: { args: [i32, "ptr", i32, "ptr", i32], returns: i32 },
         unlinkat: { args: [i32, "ptr", i32], returns: i32 },
-        fstatat: { args: [i32, "ptr", "ptr", i32], returns: i32 },
-        fstat: { args: [i32, "ptr"], returns: i32 },
+        ...(at === "stat"
+          ? {
+            fstatat: { args: [i32, "ptr", "ptr", i32], returns: i32 },
+            fstat: { args: [i32, "ptr"], returns: i32 },
+          }
+          : {
+            __fxstatat64: {
+              args: [i32, i32, "ptr", "ptr", i32],
+              returns: i32,
+            },
+            __fxstat64: { args: [i32, i32, "ptr"], returns: i32 },
+          }),
         // ssize_t results read as their low 32 bits: -1 stays -1, and no
         // count here reaches 2 GiB.
         pread: { args: [i32, "ptr", "u64", "i64"], returns: i32 },
@@ -207,12 +226,18 @@ function bindBun(name: string, at: boolean): Libc {
     return e;
   };
   const flock = s.flock as Fn;
-  if (!at) return { at, flock, errno, ...NO_AT };
+  if (!at) return { at: false, flock, errno, ...NO_AT };
   const openat = s.openat as Fn;
   const linkat = s.linkat as Fn;
   const unlinkat = s.unlinkat as Fn;
-  const fstatat = s.fstatat as Fn;
-  const fstat = s.fstat as Fn;
+  const xat = s.__fxstatat64 as Fn;
+  const xfd = s.__fxstat64 as Fn;
+  const fstatat: Fn = at === "stat"
+    ? s.fstatat as Fn
+    : (dirfd, p, st, flags) => xat(STAT_VER, dirfd, p, st, flags);
+  const fstat: Fn = at === "stat"
+    ? s.fstat as Fn
+    : (fd, st) => xfd(STAT_VER, fd, st);
   // A name that cannot be a C string here fails as the kernel would fail
   // it, without a call: bunErrno says why, to the errno() that follows.
   const tooLong = () => {
@@ -220,7 +245,7 @@ function bindBun(name: string, at: boolean): Libc {
     return -1;
   };
   return {
-    at,
+    at: true,
     flock,
     errno,
     openat(dirfd, path, flags, mode) {
@@ -248,13 +273,13 @@ function bindBun(name: string, at: boolean): Libc {
   };
 }
 
-function bindKoffi(name: string, at: boolean): Libc {
+function bindKoffi(name: string, at: Stat | false): Libc {
   const load = createRequire(import.meta.url);
   const koffi = load("koffi") as typeof import("koffi");
   const lib = koffi.load(name);
   const flock = lib.func("int flock(int fd, int operation)") as Fn;
   const errno = () => koffi.errno();
-  if (!at) return { at, flock, errno, ...NO_AT };
+  if (!at) return { at: false, flock, errno, ...NO_AT };
   // Variadic, as libc declares it: a fixed fourth argument is wrong where
   // variadic arguments travel on the stack (macOS arm64). It costs ~55 ns
   // a call more than a fixed declaration (koffi 3.3.4, Linux x86-64).
@@ -263,12 +288,21 @@ function bindKoffi(name: string, at: boolean): Libc {
     "int linkat(int olddirfd, str oldpath, int newdirfd, str newpath, int flags)",
   );
   const unlinkat = lib.func("int unlinkat(int dirfd, str path, int flags)");
-  const fstatat = lib.func(
-    "int fstatat(int dirfd, str path, void *st, int flags)",
-  );
-  const fstat = lib.func("int fstat(int fd, void *st)");
+  let fstatat: Fn;
+  let fstat: Fn;
+  if (at === "stat") {
+    fstatat = lib.func("int fstatat(int dirfd, str path, void *st, int flags)");
+    fstat = lib.func("int fstat(int fd, void *st)");
+  } else {
+    const xat = lib.func(
+      "int __fxstatat64(int ver, int dirfd, str path, void *st, int flags)",
+    );
+    const xfd = lib.func("int __fxstat64(int ver, int fd, void *st)");
+    fstatat = (dirfd, path, st, flags) => xat(STAT_VER, dirfd, path, st, flags);
+    fstat = (fd, st) => xfd(STAT_VER, fd, st);
+  }
   return {
-    at,
+    at: true,
     flock,
     errno,
     openat: (dirfd, path, flags, mode) =>
@@ -294,8 +328,8 @@ let tried = false;
  * libc, bound on first use; `undefined` when the FFI cannot load (then
  * {@linkcode libcFailure} says why, and `flock` cannot be had). `at` is
  * true only on Linux x86-64 and arm64, and only once a decoded `fstatat`
- * of `/` agreed with `node:fs`'s (a libc without these symbols, such as
- * glibc before 2.33, which had no `fstatat` symbol, leaves it off).
+ * of `/` agreed with `node:fs`'s (a libc without these calls leaves it
+ * off).
  */
 export function libc(): Libc | undefined {
   if (tried) return loaded;
@@ -306,20 +340,19 @@ export function libc(): Libc | undefined {
     return undefined;
   }
   const bind = isBun ? bindBun : bindKoffi;
+  // The *at() calls with fstatat, or with glibc's older __fxstatat64, or
+  // (a libc with neither, or another CPU or OS) flock alone.
+  const ways: (Stat | false)[] = layout ? ["stat", "xstat", false] : [false];
   for (const name of names) {
-    try {
-      loaded = bind(name, layout !== undefined);
-      break;
-    } catch (err) {
-      failure = err;
-      // Maybe only the *at() symbols are missing: flock alone, then.
+    for (const way of ways) {
       try {
-        if (layout !== undefined) loaded = bind(name, false);
-        if (loaded) break;
-      } catch {
-        // Not this name.
+        loaded = bind(name, way);
+        break;
+      } catch (err) {
+        if (way === ways[0]) failure = err;
       }
     }
+    if (loaded) break;
   }
   if (loaded?.at && !agrees(loaded)) {
     loaded = { ...loaded, at: false, ...NO_AT };
