@@ -21,7 +21,6 @@ import {
   recordHeadHere,
   type Target,
   tempName,
-  within,
 } from "./_protocol.ts";
 import { contend } from "./_contend.ts";
 import { sweepAfter } from "./_sweep.ts";
@@ -138,7 +137,7 @@ export function pin(lp: LockPath): Target {
       throw mapError(err, lp.path, "cannot create the lock's directory");
     }
   }
-  return { ...lp, pinned, file: within(pinned.prefix, lp.name) };
+  return { path: lp.path, dir: lp.dir, name: lp.name, pinned };
 }
 
 /**

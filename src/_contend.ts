@@ -26,6 +26,7 @@ import {
   sameFile,
   type Target,
   unreadable,
+  within,
 } from "./_protocol.ts";
 
 /** What contend() decided. */
@@ -97,9 +98,19 @@ export function contend(target: Target): Verdict {
     const code = errnoOf(err);
     if (code === "ERACE") return RETRY; // changed meanwhile
     if (code === "ELOOP" || code === "EFTYPE") {
-      throw invalidOpen(err as SysError, target, target.file);
+      throw invalidOpen(
+        err as SysError,
+        target,
+        within(target.pinned.prefix, target.name),
+      );
     }
-    if (err instanceof SysError) throw unreadable(err, target, target.file);
+    if (err instanceof SysError) {
+      throw unreadable(
+        err,
+        target,
+        within(target.pinned.prefix, target.name),
+      );
+    }
     throw mapError(err, target.path, "cannot open the lock file");
   }
   if (handle === "ENOENT") return RETRY; // gone meanwhile

@@ -53,8 +53,6 @@ export interface LockPath {
 export interface Target extends LockPath {
   /** The pinned directory. */
   pinned: Dir;
-  /** The lock file, through the pinned directory. */
-  file: string;
 }
 
 /** The lock was taken: our descriptor (holding LOCK_EX) and its inode. */
