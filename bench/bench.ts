@@ -987,6 +987,7 @@ try {
   if (SECTIONS.has("scale")) {
     scale = await scaleSection({
       benchDir,
+      memoryDir: tmpfsRoot,
       runtimes: Object.keys(workerCommands).filter((n) => n !== "deno-scoped"),
       command: (rt, script) =>
         rt === "deno"

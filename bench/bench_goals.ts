@@ -349,7 +349,9 @@ function scaleGoals(s: ScaleSection | undefined, goals: Goal[]): void {
       unit: "CPU-s",
       detail: `each waiter ${fmt(v.cpuMsEach.median)} ms median, ${
         fmt(v.cpuMsEach.max)
-      } ms at most`,
+      } ms at most; the control (as many processes asleep on a timer) ${
+        fmt(v.idleCpuSeconds)
+      } CPU-s`,
     }, v.cpuSeconds <= limit);
     push({
       goal: `timeout overshoot with ${z.waiters} waiters, ${

@@ -27,6 +27,9 @@ import { createInterface } from "node:readline";
 
 export interface ScaleContext {
   benchDir: string;
+  /** Where the memory part's locks go: tmpfs when there is one (faster,
+   * and memory does not depend on the file system). */
+  memoryDir?: string;
   /** Runtimes to measure: deno, node, and bun when present. */
   runtimes: string[];
   /** The command that runs one of the bench/ scripts on a runtime. */
@@ -69,6 +72,8 @@ export interface ScaleSection {
   waiters: Record<string, {
     cpuSeconds: number;
     cpuMsEach: { median: number; max: number };
+    /** The control's CPU: as many processes asleep on a timer as long. */
+    idleCpuSeconds: number;
     overshootMs: { median: number; p90: number; worst: number };
     outcomes: Record<string, number>;
   }>;
@@ -116,6 +121,9 @@ function runWorker(
 }
 
 const json = (x: unknown) => JSON.stringify(x);
+
+/** How far apart the waiters start (so that their timeouts fire apart). */
+const STAGGER_MS = 20;
 
 async function newName(ctx: ScaleContext, s: ScaleSection): Promise<void> {
   const full = join(ctx.benchDir, "scale-full");
@@ -184,6 +192,47 @@ async function manyLocks(ctx: ScaleContext, s: ScaleSection): Promise<void> {
   }
 }
 
+/**
+ * `count` worker processes in "wait" mode: all started and warm before any
+ * waits, then told to go 20 ms apart, so that their deadlines do not
+ * coincide (50 processes woken in the same millisecond on a few cores
+ * would measure the scheduler's queue, not how a timeout fires; all of
+ * them wait together for all but the first second). Their answers.
+ */
+async function crowd(
+  ctx: ScaleContext,
+  rt: string,
+  count: number,
+  arg: string,
+  // deno-lint-ignore no-explicit-any
+): Promise<any[]> {
+  const cmd = ctx.command(rt, "bench_scale_worker");
+  const children = Array.from({ length: count }, () => {
+    const child = spawn(cmd[0], [...cmd.slice(1), "wait", arg], {
+      stdio: ["pipe", "pipe", "inherit"],
+      env: ctx.env(cmd),
+      cwd: ctx.cwd,
+    });
+    const lines = createInterface({ input: child.stdout! })[
+      Symbol.asyncIterator
+    ]();
+    const next = async () => {
+      const { value, done } = await lines.next();
+      if (done) throw new Error(`a ${rt} waiter exited early`);
+      return JSON.parse(value as string);
+    };
+    return { child, next };
+  });
+  for (const c of children) await c.next();
+  for (const c of children) {
+    c.child.stdin!.write("go\n");
+    await new Promise((resolve) => setTimeout(resolve, STAGGER_MS));
+  }
+  const results = await Promise.all(children.map((c) => c.next()));
+  for (const c of children) c.child.stdin!.end();
+  return results;
+}
+
 async function waiters(ctx: ScaleContext, s: ScaleSection): Promise<void> {
   const { waiters: count, waitMs } = s.sizes;
   for (const rt of ctx.runtimes) {
@@ -191,31 +240,22 @@ async function waiters(ctx: ScaleContext, s: ScaleSection): Promise<void> {
     mkdirSync(dir);
     const path = join(dir, "run.lock");
     const release = ctx.hold(path);
-    ctx.log(`scale: ${count} waiters × ${waitMs} ms, ${rt}`);
-    const cmd = ctx.command(rt, "bench_scale_worker");
-    const arg = json({ path, timeout: waitMs });
+    ctx.log(`scale: ${count} waiters × ${waitMs} ms, ${rt}, and the control`);
     try {
-      const children = Array.from({ length: count }, () => {
-        const child = spawn(cmd[0], [...cmd.slice(1), "wait", arg], {
-          stdio: ["pipe", "pipe", "inherit"],
-          env: ctx.env(cmd),
-          cwd: ctx.cwd,
-        });
-        const lines = createInterface({ input: child.stdout! })[
-          Symbol.asyncIterator
-        ]();
-        const next = async () => {
-          const { value, done } = await lines.next();
-          if (done) throw new Error(`a ${rt} waiter exited early`);
-          return JSON.parse(value as string);
-        };
-        return { child, next };
-      });
-      // Every waiter is started and has loaded runlock before any waits:
-      // start-up is not waiting, and would crowd the CPUs.
-      for (const c of children) await c.next();
-      for (const c of children) c.child.stdin!.write("go\n");
-      const results = await Promise.all(children.map((c) => c.next()));
+      const results = await crowd(
+        ctx,
+        rt,
+        count,
+        json({ path, timeout: waitMs }),
+      );
+      // The control: as many processes of the runtime, warmed the same way,
+      // asleep on one timer for as long: the runtime's own idle cost.
+      const idle = await crowd(
+        ctx,
+        rt,
+        count,
+        json({ path, timeout: waitMs, idle: true }),
+      );
       const cpu = results.map((r) => r.cpuMs as number);
       const over = results.map((r) => r.overshootMs as number);
       const outcomes: Record<string, number> = {};
@@ -225,6 +265,9 @@ async function waiters(ctx: ScaleContext, s: ScaleSection): Promise<void> {
       s.waiters[rt] = {
         cpuSeconds: r2(cpu.reduce((a, b) => a + b, 0) / 1000),
         cpuMsEach: { median: r1(median(cpu)), max: r1(Math.max(...cpu)) },
+        idleCpuSeconds: r2(
+          idle.reduce((a, r) => a + (r.cpuMs as number), 0) / 1000,
+        ),
         overshootMs: {
           median: r1(median(over)),
           p90: r1(quantile(over, 0.9)),
@@ -239,7 +282,6 @@ async function waiters(ctx: ScaleContext, s: ScaleSection): Promise<void> {
           }, not ${count} × HeldError`,
         );
       }
-      for (const c of children) c.child.stdin!.end();
     } finally {
       release();
     }
@@ -256,7 +298,7 @@ async function memory(ctx: ScaleContext, s: ScaleSection): Promise<void> {
   const runs = rts.flatMap((rt) =>
     [false, true].map(async (bare) => {
       const dir = join(
-        ctx.benchDir,
+        ctx.memoryDir ?? ctx.benchDir,
         `scale-rss-${rt}-${bare ? "bare" : "lib"}`,
       );
       mkdirSync(dir);
@@ -401,6 +443,7 @@ export function scaleTables(s: ScaleSection): string {
       [
         "runtime",
         "CPU s, all",
+        "control CPU s",
         "CPU ms each (median/max)",
         "overshoot median ms",
         "p90 ms",
@@ -409,6 +452,7 @@ export function scaleTables(s: ScaleSection): string {
       Object.entries(s.waiters).map(([rt, v]) => [
         rt,
         String(v.cpuSeconds),
+        String(v.idleCpuSeconds),
         `${v.cpuMsEach.median}/${v.cpuMsEach.max}`,
         String(v.overshootMs.median),
         String(v.overshootMs.p90),
@@ -416,7 +460,7 @@ export function scaleTables(s: ScaleSection): string {
       ]),
     );
     out.push(
-      "(CPU: getrusage of each waiter from the moment it starts waiting to its HeldError; overshoot: how long after the timeout the HeldError came)",
+      "(each waiter first makes one acquire, refused, to warm up, then waits when told; they start 20 ms apart so that their timeouts fire apart. Control: as many processes, warmed the same way, asleep on a timer as long. CPU: getrusage of each waiter from the moment it starts waiting to its HeldError; overshoot: how long after the timeout the HeldError came)",
     );
   }
   if (Object.keys(s.rss).length) {
@@ -443,7 +487,7 @@ export function scaleTables(s: ScaleSection): string {
       ]),
     );
     out.push(
-      "(acquireSync+releaseSync, a macrotask turn every 1,000 cycles; bare: the same system calls without runlock, flock through koffi on Node, with the realpath on Deno)",
+      "(acquireSync+releaseSync, a macrotask turn every 1,000 cycles, on tmpfs when there is one; bare: the same system calls without runlock, flock through koffi on Node, with the realpath on Deno)",
     );
   }
   return out.join("\n");
