@@ -589,4 +589,9 @@ export const platform: Platform = {
       }
     };
   },
+
+  watchClose(): undefined {
+    // Deno.watchFs of the lock file reports the close itself ("access").
+    return undefined;
+  },
 };

@@ -34,6 +34,7 @@ import {
 import { hostname } from "node:os";
 import process from "node:process";
 import { AT_FDCWD } from "./_libc_node.ts";
+import { watchClose } from "./_close_node.ts";
 import {
   ffi,
   lstatAt,
@@ -189,5 +190,9 @@ export const platform: Platform = {
     } catch {
       return undefined;
     }
+  },
+
+  watchClose(path: string, onClose: () => void): (() => void) | undefined {
+    return watchClose(path, onClose);
   },
 };

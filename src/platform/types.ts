@@ -165,6 +165,15 @@ export interface Platform {
     keepAlive?: boolean,
   ): (() => void) | undefined;
   /**
+   * Calls `onClose` when a descriptor opened for writing on the file at
+   * `path` is closed, including by the kernel when its holder dies, until
+   * the returned function is called. Never keeps the process alive.
+   * Returns `undefined` where the runtime cannot (or need not: Deno's
+   * {@linkcode Platform.watchDir} of the file reports the close itself);
+   * callers then rely on their other wake-ups and their poll.
+   */
+  watchClose(path: string, onClose: () => void): (() => void) | undefined;
+  /**
    * Whether opening a file can block (no `O_NONBLOCK`: a FIFO swapped in
    * between the `lstat` and the `open` would hang it). Deno: true.
    */

@@ -1,0 +1,396 @@
+/**
+ * The close of a lock file's writable descriptor, as an event, for Node and
+ * Bun on Linux: `fs.watch` (libuv's inotify mask) reports no close, so a
+ * waiter could find a SIGKILLed holder only by polling. The holder's
+ * descriptor is open read-write, so its last close (the kernel's, when the
+ * holder dies) is inotify's `IN_CLOSE_WRITE`, and it comes microseconds
+ * before the flock goes.
+ *
+ * One inotify descriptor per process (`inotify_init1`, non-blocking,
+ * close-on-exec), one watch per file (inotify gives one watch descriptor
+ * per inode, whatever path named it), refcounted by its listeners and
+ * removed with the last. Waiting for the descriptor to be readable never
+ * blocks the event loop: on Node an async koffi call of `poll(2)` on a
+ * libuv pool thread (bounded, re-issued while anyone listens), on Bun
+ * (`bun:ffi` has no async calls) a Worker looping a blocking `poll`. Both
+ * also poll an eventfd, written when the last listener goes (and, on Node,
+ * at exit), so a pending wait ends at once and never keeps the process
+ * alive. The events are read, non-blocking, on the main thread.
+ *
+ * Loaded on the first wait, never at import. Elsewhere (not Linux, big
+ * endian, no FFI) {@linkcode watchClose} returns `undefined`.
+ *
+ * @module
+ */
+
+import { createRequire } from "node:module";
+import { endianness } from "node:os";
+import process from "node:process";
+
+const IN_CLOSE_WRITE = 0x8;
+const IN_Q_OVERFLOW = 0x4000;
+const IN_IGNORED = 0x8000;
+const IN_DONT_FOLLOW = 0x2000000;
+const NONBLOCK = 0o4000;
+const CLOEXEC = 0o2000000;
+/** How long one wait on Node's pool thread lasts (ms) before it is re-issued. */
+const POLL_MS = 1000;
+
+/** The calls this module needs, with libc's conventions (-1 on failure). */
+interface Calls {
+  inotifyInit(): number;
+  addWatch(fd: number, path: string, mask: number): number;
+  rmWatch(fd: number, wd: number): number;
+  eventfd(): number;
+  read(fd: number, buf: Uint8Array): number;
+  write(fd: number, buf: Uint8Array): number;
+}
+
+/** Waits for the inotify descriptor to be readable, off the event loop. */
+interface Waiter {
+  /** The first listener came: start waiting. */
+  start(): void;
+  /** The last listener went: end the wait now. */
+  stop(): void;
+}
+
+interface Entry {
+  readonly wd: number;
+  readonly listeners: Set<() => void>;
+}
+
+interface State {
+  readonly calls: Calls;
+  readonly fd: number;
+  readonly waiter: Waiter;
+  readonly byWd: Map<number, Entry>;
+  count: number;
+}
+
+const isBun = typeof (globalThis as { Bun?: unknown }).Bun !== "undefined";
+const LIBC = ["libc.so.6", "libc.so"];
+const ONE = new Uint8Array(new BigUint64Array([1n]).buffer);
+const buf = new Uint8Array(4096 + 16 + 256);
+
+let state: State | null | undefined;
+
+/**
+ * Calls `onClose` when a descriptor opened for writing on the file at
+ * `path` is closed (including by the kernel when its holder dies), until
+ * the returned function is called. Never keeps the process alive. Returns
+ * `undefined` where it cannot watch (the caller polls).
+ */
+export function watchClose(
+  path: string,
+  onClose: () => void,
+): (() => void) | undefined {
+  const s = state === undefined ? (state = setUp()) : state;
+  if (s === null) return undefined;
+  const wd = s.calls.addWatch(s.fd, path, IN_CLOSE_WRITE | IN_DONT_FOLLOW);
+  if (wd < 0) return undefined;
+  let entry = s.byWd.get(wd);
+  if (entry === undefined) {
+    entry = { wd, listeners: new Set() };
+    s.byWd.set(wd, entry);
+  }
+  const own = entry;
+  // A listener is its own function: two waiters passing one callback
+  // are still two listeners.
+  const listener = () => onClose();
+  own.listeners.add(listener);
+  if (++s.count === 1) s.waiter.start();
+  let stopped = false;
+  return () => {
+    if (stopped) return;
+    stopped = true;
+    own.listeners.delete(listener);
+    if (own.listeners.size === 0 && s.byWd.get(own.wd) === own) {
+      s.byWd.delete(own.wd);
+      s.calls.rmWatch(s.fd, own.wd);
+    }
+    if (--s.count === 0) s.waiter.stop();
+  };
+}
+
+/** How many files the inotify descriptor watches now (for tests). */
+export function closeWatches(): number {
+  return state ? state.byWd.size : 0;
+}
+
+/** Reads every queued event and calls the listeners of each closed file. */
+function drain(s: State): void {
+  const due = new Set<() => void>();
+  for (;;) {
+    const n = s.calls.read(s.fd, buf);
+    if (n <= 0) break;
+    const dv = new DataView(buf.buffer, buf.byteOffset, n);
+    for (let at = 0; at + 16 <= n;) {
+      const wd = dv.getInt32(at, true);
+      const mask = dv.getUint32(at + 4, true);
+      at += 16 + dv.getUint32(at + 12, true);
+      if (mask & IN_Q_OVERFLOW) {
+        // Events were lost: any file may have been closed.
+        for (const e of s.byWd.values()) {
+          for (const l of e.listeners) due.add(l);
+        }
+        continue;
+      }
+      const entry = s.byWd.get(wd);
+      if (entry === undefined) continue;
+      if (mask & IN_CLOSE_WRITE) {
+        for (const l of entry.listeners) due.add(l);
+      }
+      // The file is gone (its last link and descriptor): the kernel
+      // removed the watch; its listeners stay until they stop.
+      if (mask & IN_IGNORED) s.byWd.delete(wd);
+    }
+  }
+  for (const listener of due) {
+    try {
+      listener();
+    } catch {
+      // One listener's failure is not another's.
+    }
+  }
+}
+
+function setUp(): State | null {
+  if (process.platform !== "linux" || endianness() !== "LE") return null;
+  try {
+    const load = createRequire(import.meta.url);
+    const made = isBun ? bunCalls(load) : koffiCalls(load);
+    if (made === null) return null;
+    const fd = made.calls.inotifyInit();
+    if (fd < 0) return null;
+    const s: State = {
+      calls: made.calls,
+      fd,
+      waiter: undefined as unknown as Waiter,
+      byWd: new Map(),
+      count: 0,
+    };
+    const waiter = made.waiter(fd, () => drain(s));
+    if (waiter === null) return null;
+    (s as { waiter: Waiter }).waiter = waiter;
+    return s;
+  } catch {
+    return null;
+  }
+}
+
+interface Made {
+  calls: Calls;
+  waiter(fd: number, onReadable: () => void): Waiter | null;
+}
+
+type Fn = (...args: unknown[]) => number;
+
+function koffiCalls(load: NodeJS.Require): Made | null {
+  const koffi = load("koffi") as typeof import("koffi");
+  let lib;
+  for (const name of LIBC) {
+    try {
+      lib = koffi.load(name);
+      break;
+    } catch {
+      // try the next name
+    }
+  }
+  if (lib === undefined) return null;
+  const l = lib;
+  const f = (decl: string) => l.func(decl) as unknown as Fn;
+  const init = f("int inotify_init1(int flags)");
+  const add = f(
+    "int inotify_add_watch(int fd, const char *path, uint32_t mask)",
+  );
+  const rm = f("int inotify_rm_watch(int fd, int wd)");
+  const efd = f("int eventfd(unsigned int initval, int flags)");
+  const read = f("intptr_t read(int fd, _Out_ uint8_t *buf, uintptr_t count)");
+  const write = f(
+    "intptr_t write(int fd, const uint8_t *buf, uintptr_t count)",
+  );
+  const poll = l.func(
+    "int poll(_Inout_ uint8_t *fds, unsigned long nfds, int timeout)",
+  ) as unknown as {
+    async(
+      fds: Uint8Array,
+      n: number,
+      ms: number,
+      done: (err: unknown, res: number) => void,
+    ): void;
+  };
+  const calls: Calls = {
+    inotifyInit: () => init(NONBLOCK | CLOEXEC),
+    addWatch: (fd, path, mask) => add(fd, path, mask),
+    rmWatch: (fd, wd) => rm(fd, wd),
+    eventfd: () => efd(0, NONBLOCK | CLOEXEC),
+    read: (fd, b) => Number(read(fd, b, b.length)),
+    write: (fd, b) => Number(write(fd, b, b.length)),
+  };
+  return {
+    calls,
+    waiter(fd, onReadable) {
+      const wake = calls.eventfd();
+      if (wake < 0) return null;
+      const fds = new Uint8Array(16);
+      const dv = new DataView(fds.buffer);
+      dv.setInt32(0, fd, true);
+      dv.setInt16(4, 1, true); // POLLIN
+      dv.setInt32(8, wake, true);
+      dv.setInt16(12, 1, true);
+      const scratch = new Uint8Array(8);
+      let armed = false;
+      let wanted = false;
+      // A pool thread blocked in poll would hold up the exit.
+      process.on("exit", () => {
+        if (armed) calls.write(wake, ONE);
+      });
+      const arm = () => {
+        armed = true;
+        dv.setInt16(6, 0, true);
+        dv.setInt16(14, 0, true);
+        poll.async(fds, 2, POLL_MS, (err, res) => {
+          armed = false;
+          if (!err && res > 0) {
+            if (dv.getInt16(14, true) !== 0) calls.read(wake, scratch);
+            if (dv.getInt16(6, true) !== 0) onReadable();
+          }
+          if (wanted && !armed) arm();
+        });
+      };
+      return {
+        start() {
+          wanted = true;
+          if (!armed) arm();
+        },
+        stop() {
+          wanted = false;
+          if (armed) calls.write(wake, ONE);
+        },
+      };
+    },
+  };
+}
+
+/** Minimal shape of `bun:ffi`, which has no types outside Bun. */
+interface BunFfi {
+  dlopen(
+    name: string,
+    symbols: Record<string, { args: string[]; returns: string }>,
+  ): { symbols: Record<string, (...args: unknown[]) => number | bigint> };
+  ptr(buf: Uint8Array): unknown;
+}
+
+/**
+ * The Bun worker: polls the inotify descriptor and its own eventfd; tells
+ * the main thread when the first is readable and waits until it has read
+ * the events; ends when the eventfd is written (the last listener went).
+ */
+const WORKER = `
+const { dlopen, ptr } = require("bun:ffi");
+const { parentPort, workerData: w } = require("node:worker_threads");
+let s;
+for (const name of w.libc) {
+  try {
+    s = dlopen(name, {
+      poll: { args: ["ptr", "u64", "i32"], returns: "i32" },
+      close: { args: ["i32"], returns: "i32" },
+    }).symbols;
+    break;
+  } catch {}
+}
+const fds = new Uint8Array(16);
+const dv = new DataView(fds.buffer);
+dv.setInt32(0, w.fd, true);
+dv.setInt16(4, 1, true);
+dv.setInt32(8, w.wake, true);
+dv.setInt16(12, 1, true);
+const flag = new Int32Array(w.flag);
+for (;;) {
+  dv.setInt16(6, 0, true);
+  dv.setInt16(14, 0, true);
+  s.poll(ptr(fds), 2, -1);
+  if (dv.getInt16(14, true) !== 0) break;
+  if (dv.getInt16(6, true) !== 0) {
+    Atomics.store(flag, 0, 1);
+    parentPort.postMessage(0);
+    Atomics.wait(flag, 0, 1);
+  }
+}
+s.close(w.wake);
+parentPort.close();
+`;
+
+function bunCalls(load: NodeJS.Require): Made | null {
+  const ffi = load("bun:ffi") as BunFfi;
+  const { Worker } = load(
+    "node:worker_threads",
+  ) as typeof import("node:worker_threads");
+  let s;
+  let libc = "";
+  for (const name of LIBC) {
+    try {
+      s = ffi.dlopen(name, {
+        inotify_init1: { args: ["i32"], returns: "i32" },
+        inotify_add_watch: { args: ["i32", "ptr", "u32"], returns: "i32" },
+        inotify_rm_watch: { args: ["i32", "i32"], returns: "i32" },
+        eventfd: { args: ["u32", "i32"], returns: "i32" },
+        read: { args: ["i32", "ptr", "u64"], returns: "i64" },
+        write: { args: ["i32", "ptr", "u64"], returns: "i64" },
+      }).symbols;
+      libc = name;
+      break;
+    } catch {
+      // try the next name
+    }
+  }
+  if (s === undefined) return null;
+  const sym = s;
+  const enc = new TextEncoder();
+  const calls: Calls = {
+    inotifyInit: () => Number(sym.inotify_init1(NONBLOCK | CLOEXEC)),
+    addWatch: (fd, path, mask) =>
+      Number(sym.inotify_add_watch(fd, ffi.ptr(enc.encode(path + "\0")), mask)),
+    rmWatch: (fd, wd) => Number(sym.inotify_rm_watch(fd, wd)),
+    eventfd: () => Number(sym.eventfd(0, NONBLOCK | CLOEXEC)),
+    read: (fd, b) => Number(sym.read(fd, ffi.ptr(b), b.length)),
+    write: (fd, b) => Number(sym.write(fd, ffi.ptr(b), b.length)),
+  };
+  return {
+    calls,
+    waiter(fd, onReadable) {
+      let current: { wake: number } | undefined;
+      return {
+        start() {
+          if (current !== undefined) return;
+          const wake = calls.eventfd();
+          if (wake < 0) return;
+          const flag = new Int32Array(new SharedArrayBuffer(4));
+          const worker = new Worker(WORKER, {
+            eval: true,
+            workerData: { fd, wake, flag: flag.buffer, libc: [libc] },
+          });
+          worker.unref();
+          worker.on("message", () => {
+            try {
+              onReadable();
+            } finally {
+              Atomics.store(flag, 0, 0);
+              Atomics.notify(flag, 0);
+            }
+          });
+          worker.on("error", () => {
+            if (current?.wake === wake) current = undefined;
+          });
+          current = { wake };
+        },
+        stop() {
+          const was = current;
+          current = undefined;
+          // The worker closes its eventfd as it ends.
+          if (was !== undefined) calls.write(was.wake, ONE);
+        },
+      };
+    },
+  };
+}
