@@ -988,6 +988,7 @@ try {
     scale = await scaleSection({
       benchDir,
       memoryDir: tmpfsRoot,
+      floor: floor.binary,
       runtimes: Object.keys(workerCommands).filter((n) => n !== "deno-scoped"),
       command: (rt, script) =>
         rt === "deno"

@@ -317,7 +317,13 @@ function scaleGoals(s: ScaleSection | undefined, goals: Goal[]): void {
       unit: "×",
       detail: `median ${fmt(v.fullMedianUs)} µs vs ${
         fmt(v.emptyMedianUs)
-      } µs (p90 ${fmt(v.fullP90Us)} vs ${fmt(v.emptyP90Us)})`,
+      } µs (p90 ${fmt(v.fullP90Us)} vs ${fmt(v.emptyP90Us)})${
+        v.floorRatio === undefined
+          ? ""
+          : `; the C floor's acquire+release in the same two directories: ${
+            fmt(v.floorRatio)
+          }×`
+      }`,
     }, v.ratio <= 3);
   }
   for (const [rt, v] of Object.entries(s.manyLocks)) {

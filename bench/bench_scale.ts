@@ -19,7 +19,7 @@
 // sets the memory part's cycles. The new-name and many-locks parts stop
 // early on a time budget (a slow build must not take the run hostage): a
 // many-locks run that stopped short counts as a miss.
-import { spawn } from "node:child_process";
+import { spawn, spawnSync } from "node:child_process";
 import { mkdirSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import process from "node:process";
@@ -36,6 +36,8 @@ export interface ScaleContext {
   command: (runtime: string, script: string) => string[];
   env: (cmd: string[]) => Record<string, string | undefined>;
   cwd: string;
+  /** The C floor (bench/floor.c), when it compiled. */
+  floor?: string;
   /** Takes a lock in this (the orchestrating) process; returns release. */
   hold: (path: string) => () => void;
   quick: boolean;
@@ -59,6 +61,8 @@ export interface ScaleSection {
     ratio: number;
     emptyP90Us: number;
     fullP90Us: number;
+    /** The C floor's acquire+release, full directory against empty. */
+    floorRatio?: number;
     samples: number;
   }>;
   manyLocks: Record<string, {
@@ -135,6 +139,25 @@ async function newName(ctx: ScaleContext, s: ScaleSection): Promise<void> {
   for (let i = 0; i < s.sizes.files; i++) {
     writeFileSync(join(full, `run-${String(i).padStart(6, "0")}.log`), none);
   }
+  // The kernel's part: the C floor's acquire+release (one name) in each
+  // directory, best of alternating batches: what a big directory costs the
+  // system calls themselves (ext4's hashed directories are not free).
+  let floorRatio: number | undefined;
+  if (ctx.floor) {
+    const best = [Infinity, Infinity];
+    for (let r = 0; r < 6; r++) {
+      for (const [k, dir] of [empty, full].entries()) {
+        const ns = Number(
+          spawnSync(ctx.floor, ["serve"], {
+            input: `acquire 200 ${join(dir, "c-floor.lock")}\n`,
+            encoding: "utf8",
+          }).stdout.trim(),
+        );
+        if (ns > 0) best[k] = Math.min(best[k], ns);
+      }
+    }
+    if (Number.isFinite(best[0] + best[1])) floorRatio = r2(best[1] / best[0]);
+  }
   const rounds = ctx.quick ? 3 : 6;
   const perRound = ctx.quick ? 10 : 15;
   for (const rt of ctx.runtimes) {
@@ -156,6 +179,7 @@ async function newName(ctx: ScaleContext, s: ScaleSection): Promise<void> {
       emptyP90Us: r1(quantile(got.empty, 0.9)),
       fullP90Us: r1(quantile(got.full, 0.9)),
       samples: got.full.length,
+      floorRatio,
     };
   }
 }
@@ -390,6 +414,7 @@ export function scaleTables(s: ScaleSection): string {
         "p90 empty",
         "p90 full",
         "names each",
+        "C floor full ÷ empty",
       ],
       Object.entries(s.newName).map(([rt, v]) => [
         rt,
@@ -399,6 +424,7 @@ export function scaleTables(s: ScaleSection): string {
         String(v.emptyP90Us),
         String(v.fullP90Us),
         String(v.samples),
+        v.floorRatio === undefined ? "" : `${v.floorRatio}×`,
       ]),
     );
     out.push(
