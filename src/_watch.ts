@@ -82,7 +82,7 @@ class Entry {
     if (listener.keepAlive) this.alive--;
     if (this.count === 0) {
       this.shut();
-      entries.delete(this.key);
+      if (entries.get(this.key) === this) entries.delete(this.key);
     } else if (this.alive === 0 && this.closeKeepsAlive) {
       // Only listeners that must not keep the process alive are left.
       this.shut();

@@ -472,19 +472,29 @@ interface Sleeps {
  * cores). Deno's watch reports a holder's close (a SIGKILLed holder's
  * descriptor closed by the kernel: IN_CLOSE_WRITE, as "access"), so there
  * the looks can be rare. Node's and Bun's (libuv's inotify mask, Bun's)
- * report no close: there the looks are what finds a dead holder, and come
- * at least every 250 ms.
+ * report no close: there a close watch (inotify's IN_CLOSE_WRITE, see
+ * `platform/_close_node.ts`) reports it, on Linux, and the looks can be
+ * as rare; elsewhere they are what finds a dead holder, and come at least
+ * every 250 ms.
  */
 const ASYNC_SLEEPS: Sleeps = {
   max: p.runtime === "deno" ? 1000 : 250,
   growth: 4,
 };
+/** The longest sleep of a waiter whose close watch is open. */
+const CLOSE_WATCHED_MAX = 1000;
 /** A synchronous waiter cannot watch: it looks more often. */
 const SYNC_SLEEPS: Sleeps = { max: 50, growth: 2 };
 
 /** Tells the steps that a sleep was cut short by an event. */
 interface Woken {
   woken: boolean;
+  /**
+   * The longest sleep when it is not `sleeps.max`: a waiter whose close
+   * watch is open (Node and Bun on Linux) is told of a dying holder, so
+   * its looks can be as rare as on Deno.
+   */
+  max?: number;
 }
 
 /**
@@ -535,7 +545,7 @@ function* acquireSteps(
         yield there ? Math.max(0, Math.min(interval, remaining())) : 0;
         interval = wake.woken
           ? 1
-          : Math.min(interval * sleeps.growth, sleeps.max);
+          : Math.min(interval * sleeps.growth, wake.max ?? sleeps.max);
         if (probe(target, target.pinned).state !== "held") break;
       }
     }
@@ -600,18 +610,35 @@ export async function acquire(
   const target = pin(lp);
   let wake: (() => void) | undefined;
   let listener: Listener | undefined;
-  const woken: Woken = { woken: false };
+  const woken: Woken = { woken: false, max: undefined };
   // A waiter sleeps on the watch of the lock file (shared by the waiters of
   // it in this process): woken by its unlink or rename (a release unlinks
   // it) and, where the runtime reports it, by the holder's close (a dying
   // holder's descriptor is closed by the kernel). The file at the name
   // changes with each holder: the watch follows it.
+  // Node and Bun: their watch reports no close, so the holder's close
+  // (its death included) is watched beside it, through inotify itself.
+  let unclose: (() => void) | undefined;
+  let closeKey = "";
+  const onEvent = () => wake?.();
   const watch = (): boolean => {
     const key = fileKey(target.pinned, target.name);
     if (key === "") return false;
+    if (closeKey !== key) {
+      unclose?.();
+      closeKey = key;
+      const prefix = target.pinned.prefix;
+      unclose = p.watchClose(
+        prefix.endsWith("/")
+          ? prefix + target.name
+          : `${prefix}/${target.name}`,
+        onEvent,
+      );
+      woken.max = unclose === undefined ? undefined : CLOSE_WATCHED_MAX;
+    }
     if (listener?.key === key) return true;
     listener?.stop();
-    const made = listenFile(target.pinned, target.name, () => wake?.());
+    const made = listenFile(target.pinned, target.name, onEvent);
     listener = typeof made === "object" ? made : undefined;
     return made !== "ENOENT";
   };
@@ -651,6 +678,7 @@ export async function acquire(
   } finally {
     steps.return(undefined as never); // discards a temp file on abort
     listener?.stop();
+    unclose?.();
   }
 }
 

@@ -11,11 +11,13 @@
  * per inode, whatever path named it), refcounted by its listeners and
  * removed with the last. Waiting for the descriptor to be readable never
  * blocks the event loop: on Node an async koffi call of `poll(2)` on a
- * libuv pool thread (bounded, re-issued while anyone listens), on Bun
- * (`bun:ffi` has no async calls) a Worker looping a blocking `poll`. Both
- * also poll an eventfd, written when the last listener goes (and, on Node,
- * at exit), so a pending wait ends at once and never keeps the process
- * alive. The events are read, non-blocking, on the main thread.
+ * libuv pool thread (bounded, re-issued while anyone listens, also
+ * polling an eventfd that is written when the last listener goes and at
+ * exit, so a pending wait ends at once and never keeps the process alive),
+ * and the events are read, non-blocking, on the main thread; on Bun
+ * (`bun:ffi` has no async calls) a stream of the descriptor, which Bun's
+ * own event loop waits for and reads, cancelled when the last listener
+ * goes.
  *
  * Loaded on the first wait, never at import. Elsewhere (not Linux, big
  * endian, no FFI) {@linkcode watchClose} returns `undefined`.
@@ -123,28 +125,49 @@ function drain(s: State): void {
   for (;;) {
     const n = s.calls.read(s.fd, buf);
     if (n <= 0) break;
-    const dv = new DataView(buf.buffer, buf.byteOffset, n);
-    for (let at = 0; at + 16 <= n;) {
-      const wd = dv.getInt32(at, true);
-      const mask = dv.getUint32(at + 4, true);
-      at += 16 + dv.getUint32(at + 12, true);
-      if (mask & IN_Q_OVERFLOW) {
-        // Events were lost: any file may have been closed.
-        for (const e of s.byWd.values()) {
-          for (const l of e.listeners) due.add(l);
-        }
-        continue;
-      }
-      const entry = s.byWd.get(wd);
-      if (entry === undefined) continue;
-      if (mask & IN_CLOSE_WRITE) {
-        for (const l of entry.listeners) due.add(l);
-      }
-      // The file is gone (its last link and descriptor): the kernel
-      // removed the watch; its listeners stay until they stop.
-      if (mask & IN_IGNORED) s.byWd.delete(wd);
-    }
+    parse(s, buf, n, due);
   }
+  call(due);
+}
+
+/** Calls the listeners of each closed file named in events read already. */
+function deliver(s: State, events: Uint8Array): void {
+  const due = new Set<() => void>();
+  parse(s, events, events.length, due);
+  call(due);
+}
+
+/** Adds to `due` the listeners of each file closed in `n` bytes of events. */
+function parse(
+  s: State,
+  bytes: Uint8Array,
+  n: number,
+  due: Set<() => void>,
+): void {
+  const dv = new DataView(bytes.buffer, bytes.byteOffset, n);
+  for (let at = 0; at + 16 <= n;) {
+    const wd = dv.getInt32(at, true);
+    const mask = dv.getUint32(at + 4, true);
+    at += 16 + dv.getUint32(at + 12, true);
+    if (mask & IN_Q_OVERFLOW) {
+      // Events were lost: any file may have been closed.
+      for (const e of s.byWd.values()) {
+        for (const l of e.listeners) due.add(l);
+      }
+      continue;
+    }
+    const entry = s.byWd.get(wd);
+    if (entry === undefined) continue;
+    if (mask & IN_CLOSE_WRITE) {
+      for (const l of entry.listeners) due.add(l);
+    }
+    // The file is gone (its last link and descriptor): the kernel
+    // removed the watch; its listeners stay until they stop.
+    if (mask & IN_IGNORED) s.byWd.delete(wd);
+  }
+}
+
+function call(due: Set<() => void>): void {
   for (const listener of due) {
     try {
       listener();
@@ -169,7 +192,11 @@ function setUp(): State | null {
       byWd: new Map(),
       count: 0,
     };
-    const waiter = made.waiter(fd, () => drain(s));
+    const waiter = made.waiter(
+      fd,
+      () => drain(s),
+      (events) => deliver(s, events),
+    );
     if (waiter === null) return null;
     (s as { waiter: Waiter }).waiter = waiter;
     return s;
@@ -180,7 +207,15 @@ function setUp(): State | null {
 
 interface Made {
   calls: Calls;
-  waiter(fd: number, onReadable: () => void): Waiter | null;
+  /**
+   * The wait: `onReadable` when the descriptor has events to read (Node),
+   * or `onEvents` with events the runtime read itself (Bun).
+   */
+  waiter(
+    fd: number,
+    onReadable: () => void,
+    onEvents: (events: Uint8Array) => void,
+  ): Waiter | null;
 }
 
 type Fn = (...args: unknown[]) => number;
@@ -273,6 +308,11 @@ function koffiCalls(load: NodeJS.Require): Made | null {
 }
 
 /** Minimal shape of `bun:ffi`, which has no types outside Bun. */
+/** The part of Bun's global this module uses. */
+interface BunFile {
+  file(fd: number): { stream(): ReadableStream<Uint8Array> };
+}
+
 interface BunFfi {
   dlopen(
     name: string,
@@ -281,53 +321,10 @@ interface BunFfi {
   ptr(buf: Uint8Array): unknown;
 }
 
-/**
- * The Bun worker: polls the inotify descriptor and its own eventfd; tells
- * the main thread when the first is readable and waits until it has read
- * the events; ends when the eventfd is written (the last listener went).
- */
-const WORKER = `
-const { dlopen, ptr } = require("bun:ffi");
-const { parentPort, workerData: w } = require("node:worker_threads");
-let s;
-for (const name of w.libc) {
-  try {
-    s = dlopen(name, {
-      poll: { args: ["ptr", "u64", "i32"], returns: "i32" },
-      close: { args: ["i32"], returns: "i32" },
-    }).symbols;
-    break;
-  } catch {}
-}
-const fds = new Uint8Array(16);
-const dv = new DataView(fds.buffer);
-dv.setInt32(0, w.fd, true);
-dv.setInt16(4, 1, true);
-dv.setInt32(8, w.wake, true);
-dv.setInt16(12, 1, true);
-const flag = new Int32Array(w.flag);
-for (;;) {
-  dv.setInt16(6, 0, true);
-  dv.setInt16(14, 0, true);
-  s.poll(ptr(fds), 2, -1);
-  if (dv.getInt16(14, true) !== 0) break;
-  if (dv.getInt16(6, true) !== 0) {
-    Atomics.store(flag, 0, 1);
-    parentPort.postMessage(0);
-    Atomics.wait(flag, 0, 1);
-  }
-}
-s.close(w.wake);
-parentPort.close();
-`;
-
 function bunCalls(load: NodeJS.Require): Made | null {
   const ffi = load("bun:ffi") as BunFfi;
-  const { Worker } = load(
-    "node:worker_threads",
-  ) as typeof import("node:worker_threads");
+  const bun = (globalThis as unknown as { Bun: BunFile }).Bun;
   let s;
-  let libc = "";
   for (const name of LIBC) {
     try {
       s = ffi.dlopen(name, {
@@ -338,7 +335,6 @@ function bunCalls(load: NodeJS.Require): Made | null {
         read: { args: ["i32", "ptr", "u64"], returns: "i64" },
         write: { args: ["i32", "ptr", "u64"], returns: "i64" },
       }).symbols;
-      libc = name;
       break;
     } catch {
       // try the next name
@@ -358,37 +354,30 @@ function bunCalls(load: NodeJS.Require): Made | null {
   };
   return {
     calls,
-    waiter(fd, onReadable) {
-      let current: { wake: number } | undefined;
+    waiter(fd, _onReadable, onEvents) {
+      // Bun's own event loop waits for the descriptor (epoll) and reads it,
+      // through a stream of it: no thread, no worker. Cancelling the stream
+      // leaves the descriptor open, and frees the process to exit.
+      let reader: ReadableStreamDefaultReader<Uint8Array> | undefined;
+      const next = (r: ReadableStreamDefaultReader<Uint8Array>) => {
+        r.read().then(({ done, value }) => {
+          if (done || reader !== r) return;
+          if (value !== undefined) onEvents(value);
+          next(r);
+        }, () => {
+          if (reader === r) reader = undefined;
+        });
+      };
       return {
         start() {
-          if (current !== undefined) return;
-          const wake = calls.eventfd();
-          if (wake < 0) return;
-          const flag = new Int32Array(new SharedArrayBuffer(4));
-          const worker = new Worker(WORKER, {
-            eval: true,
-            workerData: { fd, wake, flag: flag.buffer, libc: [libc] },
-          });
-          worker.unref();
-          worker.on("message", () => {
-            try {
-              onReadable();
-            } finally {
-              Atomics.store(flag, 0, 0);
-              Atomics.notify(flag, 0);
-            }
-          });
-          worker.on("error", () => {
-            if (current?.wake === wake) current = undefined;
-          });
-          current = { wake };
+          if (reader !== undefined) return;
+          reader = bun.file(fd).stream().getReader();
+          next(reader);
         },
         stop() {
-          const was = current;
-          current = undefined;
-          // The worker closes its eventfd as it ends.
-          if (was !== undefined) calls.write(was.wake, ONE);
+          const was = reader;
+          reader = undefined;
+          was?.cancel().catch(() => {});
         },
       };
     },
