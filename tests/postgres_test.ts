@@ -192,7 +192,7 @@ describe("postgres backend", { skip: !hasServer }, () => {
 
   test("a waiter holds the lock after the holder's SIGKILL, with a higher fence (5 times; the hand-off times printed)", async () => {
     // The times are printed, not asserted: speed is the benchmark's
-    // (scripts/bench_postgres.ts), and a loaded machine stretches them.
+    // (bench/bench_postgres.ts), and a loaded machine stretches them.
     await using locks = pgLocks(url);
     const times: number[] = [];
     for (let i = 0; i < 5; i++) {
