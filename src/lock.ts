@@ -620,10 +620,25 @@ export async function acquire(
   // (its death included) is watched beside it, through inotify itself.
   let unclose: (() => void) | undefined;
   let closeKey = "";
-  const onEvent = () => wake?.();
+  // Set by every event: the file may be gone, and the next holder's file
+  // may have the same inode number (ext4 reuses them at once), which a
+  // watch of the old one would never report. Watch anew at the next sleep.
+  let stale = false;
+  const onEvent = () => {
+    stale = true;
+    wake?.();
+  };
   const watch = (): boolean => {
     const key = fileKey(target.pinned, target.name);
     if (key === "") return false;
+    if (stale) {
+      stale = false;
+      closeKey = "";
+      unclose?.();
+      unclose = undefined;
+      listener?.stop();
+      listener = undefined;
+    }
     if (closeKey !== key) {
       unclose?.();
       closeKey = key;

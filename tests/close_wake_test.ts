@@ -6,10 +6,12 @@
 // winning attempt comes after that read. Without the close watch, the
 // waiter finds a dead holder only by its fallback poll, and reads no
 // close event at all. (Deno: its own watch of the lock file reports the
-// close; the close watch is not made there.)
+// close; the close watch is not made there.) And a waiter follows the
+// lock file from holder to holder, also when the next holder's file has
+// the old one's inode number: the old watch went with the old inode.
 import assert from "node:assert/strict";
 import { spawnSync } from "node:child_process";
-import { readFileSync } from "node:fs";
+import { readdirSync, readFileSync, readlinkSync } from "node:fs";
 import { join } from "node:path";
 import process from "node:process";
 import { describe, test } from "node:test";
@@ -286,6 +288,82 @@ describe("waiters wake on their holder's close", { skip: skip() }, () => {
       } finally {
         await holder.kill();
       }
+    } finally {
+      cleanup();
+    }
+  });
+});
+
+/** The inodes (hex, as fdinfo prints them) that process `pid` watches. */
+function watchedInos(pid: number): Set<string> {
+  const inos = new Set<string>();
+  let fds: string[] = [];
+  try {
+    fds = readdirSync(`/proc/${pid}/fd`);
+  } catch {
+    return inos;
+  }
+  for (const fd of fds) {
+    try {
+      if (
+        !readlinkSync(`/proc/${pid}/fd/${fd}`).endsWith("anon_inode:inotify")
+      ) {
+        continue;
+      }
+      const info = readFileSync(`/proc/${pid}/fdinfo/${fd}`, "utf8");
+      for (const m of info.matchAll(/^inotify wd:\S+ ino:([0-9a-f]+)/gm)) {
+        inos.add(m[1]);
+      }
+    } catch {
+      // Closed meanwhile.
+    }
+  }
+  return inos;
+}
+
+describe("waiters follow the lock file from holder to holder", {
+  skip: process.platform !== "linux" && "inotify's /proc view is Linux only",
+}, () => {
+  test("a waiter watches the new holder's file after a release and retake, also when the new file reuses the old one's inode number (ext4 does at once; the kernel dropped the old watch with the old inode)", async (t) => {
+    const { dir, cleanup } = tempDir();
+    try {
+      let reused = false;
+      for (let round = 0; round < 5 && !reused; round++) {
+        const path = join(dir, `run${round}.lock`);
+        const holder = new Child("flip_holder.ts", [path]);
+        const first = await holder.expect("held");
+        const waiter = new Child("close_waiter.ts", [path, "120000", "1"]);
+        try {
+          const ino = (n: unknown) => Number(n).toString(16);
+          const pid = Number((await waiter.expect("waiting")).pid);
+          await waitFor(
+            () => watchedInos(pid).has(ino(first.ino)),
+            "the waiter watches the first holder's file",
+          );
+          // Stopped, the waiter cannot take the lock in the moment between
+          // the release and the retake; its watch's events wait for it.
+          waiter.signal("SIGSTOP");
+          holder.send("flip");
+          const again = await holder.expect("reheld");
+          waiter.signal("SIGCONT");
+          // Another inode: no proof either way; try again.
+          if (again.ino !== first.ino) continue;
+          reused = true;
+          // The old inode was freed (its number is the new file's), and
+          // with it the old watch: only a new watch can report the release.
+          await waitFor(
+            () => watchedInos(pid).has(ino(again.ino)),
+            "the waiter watches the new holder's file",
+          );
+          holder.send("release");
+          await waiter.expect("acquired");
+          await waiter.expect("done");
+        } finally {
+          await holder.kill();
+          await waiter.kill();
+        }
+      }
+      if (!reused) t.skip("this filesystem did not reuse the inode number");
     } finally {
       cleanup();
     }
