@@ -28,6 +28,7 @@
 import { createRequire } from "node:module";
 import { endianness } from "node:os";
 import process from "node:process";
+import { LIBC } from "./_libc_node.ts";
 
 const IN_CLOSE_WRITE = 0x8;
 const IN_Q_OVERFLOW = 0x4000;
@@ -43,9 +44,7 @@ interface Calls {
   inotifyInit(): number;
   addWatch(fd: number, path: string, mask: number): number;
   rmWatch(fd: number, wd: number): number;
-  eventfd(): number;
   read(fd: number, buf: Uint8Array): number;
-  write(fd: number, buf: Uint8Array): number;
 }
 
 /** Waits for the inotify descriptor to be readable, off the event loop. */
@@ -70,7 +69,7 @@ interface State {
 }
 
 const isBun = typeof (globalThis as { Bun?: unknown }).Bun !== "undefined";
-const LIBC = ["libc.so.6", "libc.so"];
+const LINUX_LIBC = LIBC.linux!;
 const ONE = new Uint8Array(new BigUint64Array([1n]).buffer);
 const buf = new Uint8Array(4096 + 16 + 256);
 
@@ -223,7 +222,7 @@ type Fn = (...args: unknown[]) => number;
 function koffiCalls(load: NodeJS.Require): Made | null {
   const koffi = load("koffi") as typeof import("koffi");
   let lib;
-  for (const name of LIBC) {
+  for (const name of LINUX_LIBC) {
     try {
       lib = koffi.load(name);
       break;
@@ -258,14 +257,12 @@ function koffiCalls(load: NodeJS.Require): Made | null {
     inotifyInit: () => init(NONBLOCK | CLOEXEC),
     addWatch: (fd, path, mask) => add(fd, path, mask),
     rmWatch: (fd, wd) => rm(fd, wd),
-    eventfd: () => efd(0, NONBLOCK | CLOEXEC),
     read: (fd, b) => Number(read(fd, b, b.length)),
-    write: (fd, b) => Number(write(fd, b, b.length)),
   };
   return {
     calls,
     waiter(fd, onReadable) {
-      const wake = calls.eventfd();
+      const wake = efd(0, NONBLOCK | CLOEXEC);
       if (wake < 0) return null;
       const fds = new Uint8Array(16);
       const dv = new DataView(fds.buffer);
@@ -278,7 +275,7 @@ function koffiCalls(load: NodeJS.Require): Made | null {
       let wanted = false;
       // A pool thread blocked in poll would hold up the exit.
       process.on("exit", () => {
-        if (armed) calls.write(wake, ONE);
+        if (armed) write(wake, ONE, ONE.length);
       });
       const arm = () => {
         armed = true;
@@ -300,19 +297,19 @@ function koffiCalls(load: NodeJS.Require): Made | null {
         },
         stop() {
           wanted = false;
-          if (armed) calls.write(wake, ONE);
+          if (armed) write(wake, ONE, ONE.length);
         },
       };
     },
   };
 }
 
-/** Minimal shape of `bun:ffi`, which has no types outside Bun. */
 /** The part of Bun's global this module uses. */
 interface BunFile {
   file(fd: number): { stream(): ReadableStream<Uint8Array> };
 }
 
+/** Minimal shape of `bun:ffi`, which has no types outside Bun. */
 interface BunFfi {
   dlopen(
     name: string,
@@ -325,15 +322,13 @@ function bunCalls(load: NodeJS.Require): Made | null {
   const ffi = load("bun:ffi") as BunFfi;
   const bun = (globalThis as unknown as { Bun: BunFile }).Bun;
   let s;
-  for (const name of LIBC) {
+  for (const name of LINUX_LIBC) {
     try {
       s = ffi.dlopen(name, {
         inotify_init1: { args: ["i32"], returns: "i32" },
         inotify_add_watch: { args: ["i32", "ptr", "u32"], returns: "i32" },
         inotify_rm_watch: { args: ["i32", "i32"], returns: "i32" },
-        eventfd: { args: ["u32", "i32"], returns: "i32" },
         read: { args: ["i32", "ptr", "u64"], returns: "i64" },
-        write: { args: ["i32", "ptr", "u64"], returns: "i64" },
       }).symbols;
       break;
     } catch {
@@ -348,9 +343,7 @@ function bunCalls(load: NodeJS.Require): Made | null {
     addWatch: (fd, path, mask) =>
       Number(sym.inotify_add_watch(fd, ffi.ptr(enc.encode(path + "\0")), mask)),
     rmWatch: (fd, wd) => Number(sym.inotify_rm_watch(fd, wd)),
-    eventfd: () => Number(sym.eventfd(0, NONBLOCK | CLOEXEC)),
     read: (fd, b) => Number(sym.read(fd, ffi.ptr(b), b.length)),
-    write: (fd, b) => Number(sym.write(fd, ffi.ptr(b), b.length)),
   };
   return {
     calls,

@@ -54,7 +54,8 @@ export const AT_SYMLINK_NOFOLLOW = 0x100;
 export const O_CLOEXEC = 0o2000000;
 export const O_PATH = 0o10000000;
 
-const LIBC: Partial<Record<NodeJS.Platform, string[]>> = {
+/** The names libc goes by, per OS, in the order they are tried. */
+export const LIBC: Partial<Record<NodeJS.Platform, string[]>> = {
   linux: ["libc.so.6", "libc.so"],
   darwin: ["libSystem.B.dylib", "/usr/lib/libSystem.B.dylib"],
   freebsd: ["libc.so.7"],
