@@ -630,7 +630,7 @@ describe("postgres backend", { skip: !hasServer }, () => {
   });
 
   test(
-    "under Deno, a missing --allow-env or --allow-net is an error naming the flag, not a prompt; --allow-sys=hostname is optional",
+    "under Deno, a missing --allow-env or --allow-net is an error naming the flag, not a prompt; both missing are named at once; --allow-sys=hostname is optional",
     {
       skip: runtime !== "deno",
     },
@@ -638,6 +638,12 @@ describe("postgres backend", { skip: !hasServer }, () => {
       const name = unique("perms");
       const port = String(cluster.port);
       const cases: [string[], RegExp | undefined][] = [
+        [
+          ["--allow-sys=hostname"],
+          new RegExp(
+            `grant --allow-env .* and --allow-net=127\\.0\\.0\\.1:${port}`,
+          ),
+        ],
         [["--allow-net"], /grant --allow-env/],
         [
           ["--allow-env"],

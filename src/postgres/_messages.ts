@@ -4,7 +4,12 @@
 import { RunlockError } from "../errors.ts";
 import type { Options, Target } from "./_options.ts";
 import { CreateRefused, schemaArgument } from "./_schema.ts";
-import { describe, isSessionError, sqlState } from "./_session.ts";
+import {
+  ClientMissing,
+  describe,
+  isSessionError,
+  sqlState,
+} from "./_session.ts";
 
 /** Replaces the URL's password in `text` with `***`. */
 export function scrub(target: Target, text: string): string {
@@ -100,6 +105,9 @@ export function connectError(
   err: unknown,
   purpose: "lock" | "probe" = "lock",
 ): RunlockError {
+  if (err instanceof ClientMissing) {
+    return new RunlockError(name, `${name}: ${err.message}`, { cause: err });
+  }
   // Decided on the error's code (a SQLSTATE, or Node's for a socket) and,
   // for errors of the client's own, on their fixed text; never on the
   // server's message, which may name anything (a role called timeout_svc)

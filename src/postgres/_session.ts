@@ -54,11 +54,35 @@ let clientClass: Promise<ClientClass> | undefined;
  * build --compile` still bundle it.
  */
 function loadClient(): Promise<ClientClass> {
-  // "pg" is npm:pg@8.23.1, pinned in deno.json (and package.json on npm).
-  clientClass ??= import("pg").then((m) =>
-    ((m.default ?? m) as { Client: ClientClass }).Client
+  // "pg" is npm:pg@8.23.1, pinned in deno.json (and an optional peer
+  // dependency on npm).
+  clientClass ??= import("pg").then(
+    (m) => ((m.default ?? m) as { Client: ClientClass }).Client,
+    (err) => {
+      clientClass = undefined;
+      throw new ClientMissing(err);
+    },
   );
   return clientClass;
+}
+
+/**
+ * The PostgreSQL client module could not be loaded: not installed (npm:
+ * it is an optional peer dependency), or not mapped (a Deno project using
+ * runlock from a clone). Named as such, never as a connection failure.
+ */
+export class ClientMissing extends Error {
+  constructor(cause: unknown) {
+    const why = (cause as { message?: unknown } | null)?.message ?? cause;
+    super(
+      `runlock's PostgreSQL backend needs the client node-postgres ("pg", 8.x), ` +
+        `which could not be loaded (${String(why).split("\n")[0]}). ` +
+        `With npm or Bun: npm install pg; with Deno: add ` +
+        `"pg": "npm:pg@8.23.1" to the "imports" of your deno.json`,
+      { cause },
+    );
+    this.name = "ClientMissing";
+  }
 }
 
 /** How to open a session. */

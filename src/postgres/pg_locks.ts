@@ -117,16 +117,23 @@ class PgLocksImpl implements PgLocks, AcquireHost, LockOwner {
     // Under Deno, a missing grant is an error naming the flag, not a
     // prompt: the client reads PG* variables (PGPASSWORD, PGUSER, ...).
     const { host, port } = this.#target;
-    const missing = !granted({ name: "env" })
-      ? "--allow-env (the PostgreSQL client reads PG* variables)"
-      : !host.startsWith("/") &&
-          !granted({ name: "net", host: `${host}:${port}` })
-      ? `--allow-net=${host}:${port}`
-      : undefined;
-    if (missing !== undefined) {
+    // Every missing grant at once, not one per try.
+    const missing: string[] = [];
+    if (!granted({ name: "env" })) {
+      missing.push("--allow-env (the PostgreSQL client reads PG* variables)");
+    }
+    if (
+      !host.startsWith("/") &&
+      !granted({ name: "net", host: `${host}:${port}` })
+    ) {
+      missing.push(`--allow-net=${host}:${port}`);
+    }
+    if (missing.length > 0) {
       throw new RunlockError(
         name,
-        `${name}: cannot connect to PostgreSQL at ${this.#target.text}: permission denied; grant ${missing}`,
+        `${name}: cannot connect to PostgreSQL at ${this.#target.text}: permission denied; grant ${
+          missing.join(" and ")
+        }`,
       );
     }
     try {
