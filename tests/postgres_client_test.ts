@@ -8,7 +8,7 @@ import assert from "node:assert/strict";
 import { spawnSync } from "node:child_process";
 import { cpSync, mkdirSync, writeFileSync } from "node:fs";
 import { createRequire } from "node:module";
-import { dirname, join } from "node:path";
+import { basename, dirname, join } from "node:path";
 import process from "node:process";
 import { fileURLToPath } from "node:url";
 import { test } from "node:test";
@@ -41,9 +41,13 @@ function projectWithoutPg(dir: string): string[] {
   const require = createRequire(import.meta.url);
   const modules = join(dir, "node_modules");
   mkdirSync(modules);
-  for (const name of ["runlock", "koffi"]) {
-    const pkg = dirname(require.resolve(`${name}/package.json`));
-    cpSync(pkg, join(modules, name), { recursive: true, dereference: true });
+  const runlock = dirname(require.resolve("runlock/package.json"));
+  // koffi's exports hide its package.json: it sits beside runlock.
+  for (const pkg of [runlock, join(dirname(runlock), "koffi")]) {
+    cpSync(pkg, join(modules, basename(pkg)), {
+      recursive: true,
+      dereference: true,
+    });
   }
   writeFileSync(join(dir, "main.mjs"), SCRIPT("runlock/postgres"));
   return [process.execPath, "main.mjs"];
