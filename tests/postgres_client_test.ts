@@ -63,7 +63,11 @@ test("without the pg module, acquire names the missing client and how to install
   assert.equal(out.name, "RunlockError", r.stdout);
   assert.match(out.message, /^sync\/main: runlock's PostgreSQL backend needs/);
   assert.match(out.message, /node-postgres \("pg"/);
-  assert.match(out.message, /npm install pg/);
-  assert.match(out.message, /"pg": "npm:pg@8\.23\.1"/);
+  assert.match(
+    out.message,
+    runtime === "deno"
+      ? /add "pg": "npm:pg@8\.23\.1" to the "imports" of your deno\.json$/
+      : /install it: npm install pg \(or bun add pg\)$/,
+  );
   assert.doesNotMatch(out.message, /cannot connect/);
 });

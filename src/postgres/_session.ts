@@ -74,11 +74,14 @@ function loadClient(): Promise<ClientClass> {
 export class ClientMissing extends Error {
   constructor(cause: unknown) {
     const why = (cause as { message?: unknown } | null)?.message ?? cause;
+    // The specifier in two pieces: scripts/build_npm.ts rewrites quoted
+    // npm: specifiers to bare names.
+    const how = "Deno" in globalThis
+      ? `add "pg": "npm:${"pg@8.23.1"}" to the "imports" of your deno.json`
+      : "install it: npm install pg (or bun add pg)";
     super(
       `runlock's PostgreSQL backend needs the client node-postgres ("pg", 8.x), ` +
-        `which could not be loaded (${String(why).split("\n")[0]}). ` +
-        `With npm or Bun: npm install pg; with Deno: add ` +
-        `"pg": "npm:pg@8.23.1" to the "imports" of your deno.json`,
+        `which could not be loaded (${String(why).split("\n")[0]}); ${how}`,
       { cause },
     );
     this.name = "ClientMissing";
