@@ -4,16 +4,51 @@
 // CommonJS entry points) and Bun, the cross-runtime tests, a `bun build
 // --compile` single binary, publint and arethetypeswrong.
 //
+// Order, to stay within the time budget on 2 cores (the suites mostly wait
+// on child processes, so several fit side by side):
+// 1. build, pack, install, and the steps that block this process (the bun
+//    --compile builds, the binary's --db check), one after another;
+// 2. the suites side by side, up to RUNLOCK_NPM_JOBS (default 4) at once,
+//    the longest first: each Node version's ESM set, Bun's ESM set split in
+//    two `bun test` processes (Bun runs a process's files one after
+//    another), the CommonJS sets, the README's Node example, the CLI tests
+//    against the compiled CLI, the cross-runtime tests, publint and attw.
+//    Each step's output is kept and printed whole when the step ends, under
+//    a line naming it, so that the log reads one step at a time;
+// 3. the tests that must not run beside the suites, after them (ALONE):
+//    the PostgreSQL host-loss test (a race between the holder's signal and
+//    the server's release that a loaded machine could decide the wrong way)
+//    and the error injection test (strace, each run with a deadline;
+//    CPU-bound), one runtime after another.
+//
+// The CommonJS entry points are the very same compiled code as the ESM
+// ones, bundled once more as CommonJS (import.meta.url defined from
+// __filename, koffi and pg loaded through createRequire and import()).
+// What the CommonJS sets check is that these entry points load and work:
+// the full suite runs through them once (on the first Node version), and
+// on the other Node versions and on Bun a subset that goes through each
+// part that differs (CJS_SUBSET: the core API and its record, the FFI
+// module and the *at() calls, the inotify close watcher and waiting,
+// require("runlock/cli"), require("runlock/postgres") sharing
+// require("runlock")'s error classes). RUNLOCK_CJS=all runs the full
+// CommonJS suite everywhere.
+//
 // A failing step is reported and the others still run (all failures at
 // once, in one CI run); only a failed build or install stops it. Exit 1 if
 // any step failed.
 //
 // Knobs: RUNLOCK_NODE_VERSIONS (default "20,22,24"), RUNLOCK_SKIP_BUN=1,
-// RUNLOCK_PG_NETNS_NODE (which Node versions run the PostgreSQL host-loss
-// test; default: the last of RUNLOCK_NODE_VERSIONS; "all", or "" for none),
-// RUNLOCK_PG_CJS=all (the whole PostgreSQL suite with the CommonJS entry
-// too, not only the contract test).
-import { spawn, spawnSync, type SpawnSyncOptions } from "node:child_process";
+// RUNLOCK_NPM_JOBS (steps at once in phase 2; default 4),
+// RUNLOCK_CJS=all, RUNLOCK_PG_NETNS_NODE (which Node versions run the
+// PostgreSQL host-loss test; default: the last of RUNLOCK_NODE_VERSIONS;
+// "all", or "" for none), RUNLOCK_PG_CJS=all (the whole PostgreSQL suite
+// with the CommonJS entry too, not only the contract test).
+import {
+  spawn,
+  type SpawnOptions,
+  spawnSync,
+  type SpawnSyncOptions,
+} from "node:child_process";
 import {
   cpSync,
   existsSync,
@@ -61,31 +96,69 @@ function run(
   }
 }
 
-/** `run`, without blocking: other steps may run meanwhile. */
-function runBeside(
+/** The output of a command run by `runBuffered`. */
+interface Output {
+  status: number | null;
+  signal: NodeJS.Signals | null;
+  /** stdout and stderr as they came, interleaved. */
+  text: string;
+  stdout: string;
+  stderr: string;
+}
+
+/** Runs a command without blocking, keeping its output. */
+function exec(
   cmd: string,
   args: string[],
-  options: { cwd: string },
+  options: SpawnOptions = {},
+): Promise<Output> {
+  return new Promise((resolve) => {
+    const child = spawn(cmd, args, {
+      ...options,
+      stdio: ["ignore", "pipe", "pipe"],
+    });
+    let text = "", stdout = "", stderr = "";
+    child.stdout!.setEncoding("utf8").on("data", (d: string) => {
+      text += d;
+      stdout += d;
+    });
+    child.stderr!.setEncoding("utf8").on("data", (d: string) => {
+      text += d;
+      stderr += d;
+    });
+    child.on("error", (err) => {
+      text += `${err}\n`;
+      resolve({ status: null, signal: null, text, stdout, stderr });
+    });
+    child.on(
+      "close",
+      (status, signal) => resolve({ status, signal, text, stdout, stderr }),
+    );
+  });
+}
+
+/**
+ * `run`, without blocking (other steps run meanwhile): the command and its
+ * output go to `log`, printed when the step ends.
+ */
+async function runBuffered(
+  log: string[],
+  cmd: string,
+  args: string[],
+  options: SpawnOptions = {},
 ): Promise<void> {
   const started = Date.now();
-  console.log(`\n$ ${cmd} ${args.join(" ")} (beside the next step)`);
-  return new Promise((resolve, reject) => {
-    const child = spawn(cmd, args, { stdio: "inherit", ...options });
-    child.on("error", reject);
-    child.on("close", (code, signal) => {
-      const seconds = ((Date.now() - started) / 1000).toFixed(1);
-      if (code === 0) resolve();
-      else {
-        reject(
-          new Error(
-            `FAILED (${seconds}s, exit ${code ?? signal}): ${cmd} ${
-              args.join(" ")
-            }`,
-          ),
-        );
-      }
-    });
-  });
+  log.push(`$ ${cmd} ${args.join(" ")}\n`);
+  const r = await exec(cmd, args, options);
+  log.push(r.text);
+  const seconds = ((Date.now() - started) / 1000).toFixed(1);
+  if (r.status !== 0) {
+    throw new Error(
+      `FAILED (${seconds}s, exit ${r.status ?? r.signal}): ${cmd} ${
+        args.join(" ")
+      }`,
+    );
+  }
 }
 
 function summary(): void {
@@ -115,6 +188,44 @@ async function step(
       process.exit(1);
     }
   }
+}
+
+/**
+ * A step of phase 2: runs beside others; what it prints goes to its `log`,
+ * printed whole, under a line naming the step, when it ends.
+ */
+function bufferedStep(
+  name: string,
+  f: (log: string[]) => Promise<void>,
+): () => Promise<void> {
+  return async () => {
+    const log: string[] = [];
+    const started = Date.now();
+    console.log(`\n[started] ${name}`);
+    await step(name, async () => {
+      try {
+        await f(log);
+      } finally {
+        const s = ((Date.now() - started) / 1000).toFixed(1);
+        console.log(
+          `\n===== ${name} (${s}s) =====\n${log.join("").trimEnd()}\n` +
+            `===== end of ${name} =====`,
+        );
+      }
+    });
+  };
+}
+
+/** Runs `jobs` with at most `limit` at once, in the order given. */
+async function pool(
+  jobs: (() => Promise<void>)[],
+  limit: number,
+): Promise<void> {
+  let next = 0;
+  const worker = async () => {
+    while (next < jobs.length) await jobs[next++]();
+  };
+  await Promise.all(Array.from({ length: limit }, worker));
 }
 
 // Build, pack and install exactly as the README's "From a clone" block says
@@ -193,12 +304,11 @@ const versions = (process.env.RUNLOCK_NODE_VERSIONS ?? "20,22,24").split(",");
 
 // The PostgreSQL tests (each file starts its own throwaway cluster) cost
 // about 50 s per runtime and entry, a third of it the host-loss test's wait
-// for a cut link (root only). To keep the whole command near 9 minutes on 2
-// cores: the CommonJS set runs only the contract test (the backend's code
-// is the same; what differs is require("runlock/postgres") sharing
-// require("runlock")'s error classes, which that test checks), and the
-// host-loss test runs on Bun and one Node version. RUNLOCK_PG_CJS=all and
-// RUNLOCK_PG_NETNS_NODE=all run them everywhere.
+// for a cut link (root only). The CommonJS set runs only the contract test
+// (the backend's code is the same; what differs is require("runlock/
+// postgres") sharing require("runlock")'s error classes, which that test
+// checks), and the host-loss test runs on Bun and one Node version.
+// RUNLOCK_PG_CJS=all and RUNLOCK_PG_NETNS_NODE=all run them everywhere.
 const PG_CJS_TESTS = new Set(["postgres_contract_test.js"]);
 const pgCjsAll = process.env.RUNLOCK_PG_CJS === "all";
 const netnsNode = (process.env.RUNLOCK_PG_NETNS_NODE ?? versions.at(-1)!)
@@ -217,15 +327,40 @@ const PG_ONE_NODE_TESTS = new Set([
   "postgres_identity_test.js",
   "postgres_chaos_test.js",
 ]);
+// The tests that run after the suites, not beside them (see the header).
+// inject_test skips itself in the CommonJS copy (once per runtime).
+const ALONE = new Set(["postgres_netns_test.js", "inject_test.js"]);
+// The CommonJS subset on the Node versions but the first, and on Bun (see
+// the header): each part of the CommonJS bundles that differs from the ESM
+// ones (createRequire of koffi or bun:ffi from import.meta.url defined as
+// __filename's URL, import("pg") from CommonJS, the cli and postgres
+// entries) is gone through by at least one of these.
+const CJS_SUBSET = new Set([
+  "acquire_test.js", // the API through require("runlock"): record, probes
+  "ffi_test.js", // koffi loaded lazily, the *at() calls
+  "close_wake_test.js", // the inotify close watcher (its own FFI binding)
+  "wait_test.js", // waiting: the watch of the lock file, the timer
+  "cli_module_test.js", // require("runlock/cli")
+  "postgres_contract_test.js", // require("runlock/postgres"), pg by import()
+]);
+const cjsAll = process.env.RUNLOCK_CJS === "all";
 
-/** The test files of `dir` (tests-esm, tests-cjs) for runtime `rt`. */
-const testFiles = (dir: string, rt: string) =>
+/**
+ * The test files of `dir` (tests-esm, tests-cjs) for runtime `rt`: the
+ * ones run beside others, or with `alone` those run after them.
+ */
+const testFiles = (dir: string, rt: string, alone = false) =>
   readdirSync(join(scratch, dir))
     .filter((f) => f.endsWith("_test.js"))
+    .filter((f) => ALONE.has(f) === alone)
     .filter((f) => !(dir.endsWith("cjs") && BIN_TESTS.has(f)))
     .filter((f) =>
       !(dir.endsWith("cjs") && !pgCjsAll && f.startsWith("postgres") &&
         !PG_CJS_TESTS.has(f))
+    )
+    .filter((f) =>
+      !(dir.endsWith("cjs") && !cjsAll && rt !== versions[0] &&
+        !CJS_SUBSET.has(f))
     )
     .filter((f) =>
       (f !== "postgres_netns_test.js" && !PG_ONE_NODE_TESTS.has(f)) ||
@@ -243,89 +378,65 @@ function nodeCommand(version: string): [string, string[]] {
     ? ["node", []]
     : ["npx", ["--yes", `node@${version}`]];
 }
-// Each Node version's CommonJS set runs beside the next version's ESM set
-// (two test processes at a time; the host-loss and injection tests, which
-// must run alone, are in ESM sets only).
-let beside: Promise<void> | undefined;
-for (const version of versions) {
-  const [cmd, prefix] = nodeCommand(version);
-  const args = (entry: string) => [
-    ...prefix,
-    "--test",
-    "--test-concurrency=2",
-    ...testFiles(`tests-${entry}`, version),
-  ];
-  await step(
-    `node ${version} (esm)`,
-    () => run(cmd, args("esm"), { cwd: scratch }),
-  );
-  await beside;
-  beside = step(
-    `node ${version} (cjs)`,
-    () => runBeside(cmd, args("cjs"), { cwd: scratch }),
-  );
-}
-
-// The README's Node example (try/finally, for Node 20 and 22 without
-// `await using`), as written, on each Node version: it takes and releases
-// the lock, and exits 75 with the holder's message when a run holds it.
-const example = readmeBlock("node-quick-start");
-writeFileSync(join(scratch, "main.mjs"), example.text);
-for (const version of versions) {
-  const [cmd, prefix] = nodeCommand(version);
-  await step(`README: the Node example on Node ${version}`, () => {
-    const lock = join(scratch, ".state", "run.lock");
-    const free = spawnSync(cmd, [...prefix, "main.mjs"], {
-      cwd: scratch,
-      encoding: "utf8",
-    });
-    if (free.status !== 0 || existsSync(lock)) {
-      throw new Error(`main.mjs on a free lock: ${free.status} ${free.stderr}`);
-    }
-    const holder = spawnSync("sh", [
-      "-c",
-      `mkdir -p .state; python3 tests-esm/fixtures/record_holder.py .state/run.lock & pid=$!
-       while [ ! -s .state/run.lock ]; do sleep 0.05; done
-       "$@" main.mjs; code=$?; kill $pid; wait $pid 2>/dev/null; echo "exit=$code pid=$pid"`,
-      "sh",
-      cmd,
-      ...prefix,
-    ], { cwd: scratch, encoding: "utf8" });
-    const m = holder.stdout.match(/exit=(\d+) pid=(\d+)/);
-    if (
-      !m || m[1] !== "75" ||
-      !holder.stderr.includes(`another run is active as pid ${m[2]}`)
-    ) {
-      throw new Error(
-        `main.mjs while held: ${holder.stdout} ${holder.stderr}`,
-      );
-    }
-  });
-}
-
-await beside;
+const nodeArgs = (version: string, files: string[], concurrency = 2) => [
+  ...nodeCommand(version)[1],
+  "--test",
+  `--test-concurrency=${concurrency}`,
+  ...files,
+];
 
 const bun = join(scratch, "node_modules", ".bin", "bun");
-if (!process.env.RUNLOCK_SKIP_BUN) {
-  for (const entry of ["esm", "cjs"]) {
-    await step(
-      `bun ${BUN} (${entry})`,
-      () =>
-        run(bun, [
-          "test",
-          "--timeout",
-          "300000", // a hang detector: a loaded machine is slow, not wrong
-          ...testFiles(`tests-${entry}`, "bun").map((f) => `./${f}`),
-        ], {
-          cwd: scratch,
-        }),
-    );
+const bunArgs = (files: string[]) => [
+  "test",
+  "--timeout",
+  "300000", // a hang detector: a loaded machine is slow, not wrong
+  ...files.map((f) => `./${f}`),
+];
+// Rough seconds a file takes (Node 20, alone): to split Bun's files into
+// two `bun test` processes of about equal length. Others count 2 s.
+const COST: Record<string, number> = {
+  "postgres_test.js": 33,
+  "cli_postgres_test.js": 16,
+  "postgres_restart_test.js": 15,
+  "cli_test.js": 40,
+  "users_test.js": 12,
+  "litter_test.js": 10,
+  "limits_test.js": 8,
+  "postgres_contract_test.js": 10,
+  "postgres_stress_test.js": 7,
+  "cli_tty_test.js": 12,
+  "property_test.js": 7,
+  "scan_test.js": 5,
+  "stress_test.js": 5,
+  "wait_test.js": 5,
+  "soak_test.js": 4,
+  "pinning_test.js": 7,
+  "postgres_settings_test.js": 15,
+  "postgres_stop_test.js": 15,
+  "postgres_wait_test.js": 15,
+  "postgres_identity_test.js": 15,
+  "postgres_chaos_test.js": 15,
+};
+/** `files` in two lists of about equal cost. */
+function halves(files: string[]): [string[], string[]] {
+  const cost = (f: string) => COST[f.replace(/^.*\//, "")] ?? 2;
+  const sorted = [...files].sort((a, b) => cost(b) - cost(a));
+  const out: [string[], string[]] = [[], []];
+  const sum = [0, 0];
+  for (const f of sorted) {
+    const i = sum[0] <= sum[1] ? 0 : 1;
+    out[i].push(f);
+    sum[i] += cost(f);
   }
+  return out;
 }
 
+// Phase 1, the steps that block this process: the bun --compile builds and
+// the binary's --db check (startCluster waits on initdb synchronously).
+const binDir = mkdtempSync(join(tmpdir(), "runlock-bin-"));
+const binary = join(binDir, "runlock-child");
+const cliBinary = join(binDir, "runlock");
 if (!process.env.RUNLOCK_SKIP_BUN) {
-  const binDir = mkdtempSync(join(tmpdir(), "runlock-bin-"));
-  const binary = join(binDir, "runlock-child");
   await step("bun build --compile (single binary)", () =>
     run(bun, [
       "build",
@@ -334,7 +445,6 @@ if (!process.env.RUNLOCK_SKIP_BUN) {
       "--outfile",
       binary,
     ], { cwd: scratch }));
-  const cliBinary = join(binDir, "runlock");
   await step("bun build --compile of the runlock CLI", () =>
     run(bun, [
       "build",
@@ -399,10 +509,49 @@ if (!process.env.RUNLOCK_SKIP_BUN) {
       },
     );
   }
-  await step(
+}
+
+// Phase 2: the suites side by side, the longest first.
+const jobs: (() => Promise<void>)[] = [];
+for (const version of versions) {
+  jobs.push(bufferedStep(
+    `node ${version} (esm)`,
+    (log) =>
+      runBuffered(
+        log,
+        nodeCommand(version)[0],
+        nodeArgs(version, testFiles("tests-esm", version)),
+        { cwd: scratch },
+      ),
+  ));
+}
+if (!process.env.RUNLOCK_SKIP_BUN) {
+  halves(testFiles("tests-esm", "bun")).forEach((files, i) =>
+    jobs.push(bufferedStep(
+      `bun ${BUN} (esm, part ${i + 1} of 2)`,
+      (log) => runBuffered(log, bun, bunArgs(files), { cwd: scratch }),
+    ))
+  );
+}
+for (const version of versions) {
+  jobs.push(bufferedStep(
+    `node ${version} (cjs${
+      cjsAll || version === versions[0] ? "" : ", subset"
+    })`,
+    (log) =>
+      runBuffered(
+        log,
+        nodeCommand(version)[0],
+        nodeArgs(version, testFiles("tests-cjs", version)),
+        { cwd: scratch },
+      ),
+  ));
+}
+if (!process.env.RUNLOCK_SKIP_BUN) {
+  jobs.push(bufferedStep(
     "CLI tests against the bun --compile binary of the CLI",
-    () =>
-      run(Deno.execPath(), [
+    (log) =>
+      runBuffered(log, Deno.execPath(), [
         "test",
         "--allow-all",
         ...["cli_test.ts", "cli_tty_test.ts", "cli_postgres_test.ts"]
@@ -412,11 +561,11 @@ if (!process.env.RUNLOCK_SKIP_BUN) {
         cwd: root,
         env: { ...process.env, RUNLOCK_CLI: cliBinary },
       }),
-  );
-  await step(
+  ));
+  jobs.push(bufferedStep(
     "cross-runtime tests (deno, node, bun, compiled binaries; file locks and PostgreSQL)",
-    () =>
-      run(Deno.execPath(), [
+    (log) =>
+      runBuffered(log, Deno.execPath(), [
         "test",
         "--allow-all",
         join(root, "tests", "interop_test.ts"),
@@ -430,27 +579,108 @@ if (!process.env.RUNLOCK_SKIP_BUN) {
           RUNLOCK_INTEROP_CLI: cliBinary,
         },
       }),
-  );
-  rmSync(binDir, { recursive: true, force: true });
+  ));
+  jobs.push(bufferedStep(
+    `bun ${BUN} (cjs${cjsAll ? "" : ", subset"})`,
+    (log) =>
+      runBuffered(log, bun, bunArgs(testFiles("tests-cjs", "bun")), {
+        cwd: scratch,
+      }),
+  ));
 }
 
-await step(
+// The README's Node example (try/finally, for Node 20 and 22 without
+// `await using`), as written, on each Node version (one after another: they
+// share its lock file): it takes and releases the lock, and exits 75 with
+// the holder's message when a run holds it.
+const example = readmeBlock("node-quick-start");
+writeFileSync(join(scratch, "main.mjs"), example.text);
+jobs.push(bufferedStep(
+  `README: the Node example on Node ${versions.join(", ")}`,
+  async (log) => {
+    for (const version of versions) {
+      const [cmd, prefix] = nodeCommand(version);
+      log.push(`$ ${cmd} ${[...prefix, "main.mjs"].join(" ")}\n`);
+      const lock = join(scratch, ".state", "run.lock");
+      const free = await exec(cmd, [...prefix, "main.mjs"], { cwd: scratch });
+      if (free.status !== 0 || existsSync(lock)) {
+        throw new Error(
+          `Node ${version}: main.mjs on a free lock: ${free.status} ${free.stderr}`,
+        );
+      }
+      const holder = await exec("sh", [
+        "-c",
+        `mkdir -p .state; python3 tests-esm/fixtures/record_holder.py .state/run.lock & pid=$!
+       while [ ! -s .state/run.lock ]; do sleep 0.05; done
+       "$@" main.mjs; code=$?; kill $pid; wait $pid 2>/dev/null; echo "exit=$code pid=$pid"`,
+        "sh",
+        cmd,
+        ...prefix,
+      ], { cwd: scratch });
+      log.push(holder.text);
+      const m = holder.stdout.match(/exit=(\d+) pid=(\d+)/);
+      if (
+        !m || m[1] !== "75" ||
+        !holder.stderr.includes(`another run is active as pid ${m[2]}`)
+      ) {
+        throw new Error(
+          `Node ${version}: main.mjs while held: ${holder.stdout} ${holder.stderr}`,
+        );
+      }
+    }
+  },
+));
+jobs.push(bufferedStep(
   "publint --strict",
-  () =>
-    run("npx", [
+  (log) =>
+    runBuffered(log, "npx", [
       "--yes",
       `publint@${PUBLINT}`,
       "--strict",
       join(npmDir, "package"),
     ]),
-);
-await step(
+));
+jobs.push(bufferedStep(
   "arethetypeswrong",
-  () =>
-    run("npx", ["--yes", `@arethetypeswrong/cli@${ATTW}`, tarball], {
-      cwd: npmDir,
-    }),
-);
+  (log) =>
+    runBuffered(log, "npx", [
+      "--yes",
+      `@arethetypeswrong/cli@${ATTW}`,
+      tarball,
+    ], { cwd: npmDir }),
+));
+const limit = Number(process.env.RUNLOCK_NPM_JOBS ?? 4);
+console.log(`\nphase 2: ${jobs.length} steps, ${limit} at a time`);
+await pool(jobs, limit > 0 ? limit : 1);
+
+// Phase 3: the tests that must not run beside the suites, nor beside each
+// other (one file at a time), their output as it comes. inject_test skips
+// itself in the CommonJS copy; the host-loss test is there only with
+// RUNLOCK_PG_CJS=all.
+const aloneFiles = (rt: string) =>
+  ["esm", "cjs"].flatMap((entry) =>
+    testFiles(`tests-${entry}`, rt, true)
+      .filter((f) => entry === "esm" || !f.endsWith("/inject_test.js"))
+  );
+for (const version of versions) {
+  const files = aloneFiles(version);
+  if (files.length === 0) continue;
+  await step(
+    `node ${version}, one file at a time: ${files.join(", ")}`,
+    () =>
+      run(nodeCommand(version)[0], nodeArgs(version, files, 1), {
+        cwd: scratch,
+      }),
+  );
+}
+if (!process.env.RUNLOCK_SKIP_BUN) {
+  const files = aloneFiles("bun");
+  await step(
+    `bun ${BUN}, one file at a time: ${files.join(", ")}`,
+    () => run(bun, bunArgs(files), { cwd: scratch }),
+  );
+}
+rmSync(binDir, { recursive: true, force: true });
 
 summary();
 if (failures.length > 0 || !existsSync(tarball)) process.exit(1);
