@@ -1,11 +1,10 @@
-// `deno task demo`: runlock with real processes. A run holds the lock, a
-// second run is refused with its pid, a status command looks without taking
-// the lock, the holder is SIGKILLed, the status turns stale, and a new run
-// takes over.
+// `deno task demo`: runlock with real processes, on `.state/run.lock` in
+// the directory it runs in (the clone, for `deno task demo`). A run holds
+// the lock, a second run is refused with its pid, a status command looks
+// without taking the lock, the holder is SIGKILLed, the status turns stale,
+// and a new run takes over, then stops cleanly and releases it.
 import { spawn } from "node:child_process";
-import { mkdtempSync, readFileSync, rmSync } from "node:fs";
-import { tmpdir } from "node:os";
-import { join } from "node:path";
+import { existsSync, readdirSync, readFileSync, rmdirSync } from "node:fs";
 import process from "node:process";
 import { createInterface } from "node:readline";
 import { inspect } from "../mod.ts";
@@ -14,8 +13,9 @@ const color = !process.env.NO_COLOR && process.stdout.isTTY;
 const bold = (s: string) => (color ? `\x1b[1m${s}\x1b[0m` : s);
 const dim = (s: string) => (color ? `\x1b[2m${s}\x1b[0m` : s);
 
-const dir = mkdtempSync(join(tmpdir(), "runlock-demo-"));
-const path = join(dir, ".state", "run.lock");
+const dir = ".state";
+const path = ".state/run.lock";
+const hadDir = existsSync(dir);
 const worker = new URL("./_demo_run.ts", import.meta.url).pathname;
 
 function step(text: string): void {
@@ -99,5 +99,9 @@ try {
     `\n${bold("done:")} one run at a time, and everyone could see who.`,
   );
 } finally {
-  rmSync(dir, { recursive: true, force: true });
+  // Run C released the lock, so .state holds nothing of the demo's: remove
+  // it if the demo made it and it is empty.
+  if (!hadDir && existsSync(dir) && readdirSync(dir).length === 0) {
+    rmdirSync(dir);
+  }
 }

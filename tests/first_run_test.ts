@@ -4,16 +4,27 @@
 // sets up the config's npm packages before any task, and used to print a
 // yellow box there about koffi's install script (koffi is for Node; Deno
 // never loads it): deno.json's `allowScripts.deny` says that on purpose.
-// Needs the npm registry (a fresh DENO_DIR downloads the packages). Deno
-// only: these are Deno tasks.
+// Nothing may be downloaded for the demo either: `deno task` sets up every
+// npm package deno.json's "imports" maps before any task (typescript,
+// fast-check, koffi and pg, none of which the demo loads). Needs the npm
+// registry (a fresh DENO_DIR downloads what a task needs). Deno only: these
+// are Deno tasks.
 import assert from "node:assert/strict";
 import { spawnSync } from "node:child_process";
-import { copyFileSync, mkdirSync, mkdtempSync, rmSync } from "node:fs";
+import {
+  copyFileSync,
+  existsSync,
+  mkdirSync,
+  mkdtempSync,
+  rmSync,
+  writeFileSync,
+} from "node:fs";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import process from "node:process";
 import { describe, test } from "node:test";
-import { runtime } from "./_helpers.ts";
+import { deadPid, runtime } from "./_helpers.ts";
+import { commandLines, readmeBlock } from "./_readme.ts";
 
 const root = join(new URL(".", import.meta.url).pathname, "..");
 
@@ -52,12 +63,27 @@ function denoFresh(cwd: string, args: string[]) {
 }
 
 describe("a newcomer's first run", { skip: runtime !== "deno" }, () => {
-  test("`deno task demo` from a fresh clone with nothing cached runs the demo and prints no warning", () => {
+  test("the README's demo line from a fresh clone with nothing cached prints no warning, and locks the clone's .state/run.lock", () => {
+    const [line] = commandLines(readmeBlock("try-it"));
+    const prefix = "npx --yes deno@2.9.6 ";
+    assert.ok(line.startsWith(prefix), line);
+    const args = line.slice(prefix.length).replace(/\s+#.*$/, "").split(" ");
+    assert.deepEqual(args, ["task", "demo"]);
     const dir = freshCopy();
     try {
-      const r = denoFresh(dir, ["task", "demo"]);
+      // A crashed run's file where the demo says it works: its first run
+      // takes it over, and its last run releases it.
+      mkdirSync(join(dir, ".state"));
+      const stale = join(dir, ".state", "run.lock");
+      writeFileSync(stale, `${deadPid()}\nrunlock 1\n`);
+      const r = denoFresh(dir, args);
       assert.equal(r.code, 0, r.stderr);
       assert.match(r.stdout, /one run at a time, and everyone could see who/);
+      assert.match(
+        r.stdout,
+        /run A starts its work loop on \.state\/run\.lock\n/,
+      );
+      assert.equal(existsSync(stale), false, "the demo used .state/run.lock");
       assert.doesNotMatch(r.stderr, /warn|ignored build scripts/i, r.stderr);
       assert.doesNotMatch(r.stdout, / on \?| on $/m, "no empty host");
     } finally {

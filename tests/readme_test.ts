@@ -1,223 +1,701 @@
-// The README, exactly as written: its Deno command lines and programs, taken
-// from the README itself (tests/_readme.ts) and run in a fresh copy of the
-// repository, as a user with a clone would. (The npm lines and the Node
+// The README and docs/*.md, exactly as written: their command lines and
+// programs, taken from the documents themselves (tests/_readme.ts) and run
+// as a reader would, with Deno from npm on the PATH only as the README's
+// "Install" line puts it there. (The README's npm lines and its Node
 // example are run by scripts/test_npm.ts; the demo line by
-// tests/first_run_test.ts.) Deno only.
+// tests/first_run_test.ts; the Node forms of the docs below, on each Node
+// version, by the npm build's run of this file.)
 import assert from "node:assert/strict";
-import { spawn, spawnSync } from "node:child_process";
+import { type ChildProcess, spawn, spawnSync } from "node:child_process";
 import {
-  cpSync,
   existsSync,
   mkdirSync,
   mkdtempSync,
   readFileSync,
   rmSync,
+  statSync,
   symlinkSync,
   writeFileSync,
 } from "node:fs";
 import { hostname, tmpdir } from "node:os";
-import { dirname, join } from "node:path";
+import { delimiter, dirname, join } from "node:path";
 import process from "node:process";
-import { describe, test } from "node:test";
-import { commandLines, readmeBlock, root } from "./_readme.ts";
+import { after, before, describe, test } from "node:test";
+import {
+  blocks,
+  commandLines,
+  docBlock,
+  documents,
+  readmeBlock,
+  root,
+} from "./_readme.ts";
 import { holder, runtime, waitFor } from "./_helpers.ts";
 import { Reads } from "./_cli.ts";
+import { pgLocks, pgSetupSql } from "../src/postgres/mod.ts";
+import {
+  type Cluster,
+  findPgBin,
+  psql,
+  psqlPath,
+  startCluster,
+} from "./fixtures/pg_cluster.ts";
 
-declare const Deno: { execPath(): string };
+const hasPg = Boolean(process.env.RUNLOCK_TEST_PG_URL) ||
+  findPgBin() !== undefined;
 
-/** PATH with the running deno first: the README says `deno`. */
-function env(): Record<string, string> {
-  return {
-    ...process.env as Record<string, string>,
-    PATH: `${dirname(Deno.execPath())}:${process.env.PATH}`,
-    NO_COLOR: "1",
-  };
+/** PATH without any directory that holds a `deno`: a machine without Deno. */
+function pathWithoutDeno(): string {
+  return (process.env.PATH ?? "").split(delimiter).filter((d) =>
+    d !== "" && !existsSync(join(d, "deno"))
+  ).join(delimiter);
 }
 
-/** A scratch directory holding a copy of the clone's mod.ts and src/. */
-function clone(): { dir: string; cleanup: () => void } {
-  const dir = mkdtempSync(join(tmpdir(), "runlock-readme-"));
-  cpSync(join(root, "mod.ts"), join(dir, "mod.ts"));
-  cpSync(join(root, "src"), join(dir, "src"), { recursive: true });
-  cpSync(join(root, "deno.json"), join(dir, "deno.json"));
-  return { dir, cleanup: () => rmSync(dir, { recursive: true, force: true }) };
-}
+/** The environment of a shell that ran the README's "Install" PATH line. */
+let readerEnv: Record<string, string> = {};
 
-function sh(line: string, cwd: string) {
-  const r = spawnSync("sh", ["-c", line], {
-    cwd,
-    env: env(),
-    encoding: "utf8",
-  });
+function sh(line: string, cwd: string, env = readerEnv) {
+  const r = spawnSync("sh", ["-c", line], { cwd, env, encoding: "utf8" });
   return { code: r.status, stdout: r.stdout, stderr: r.stderr };
 }
 
-function until(condition: () => boolean): Promise<void> {
-  return waitFor(condition, "the README's program");
+/** A line started in the background, with its output collected. */
+function background(line: string, cwd: string, env = readerEnv) {
+  const child: ChildProcess = spawn("sh", ["-c", `exec ${line}`], {
+    cwd,
+    env,
+    stdio: ["ignore", "pipe", "pipe"],
+  });
+  const out = { stdout: "", stderr: "" };
+  child.stdout!.on("data", (d) => (out.stdout += d));
+  child.stderr!.on("data", (d) => (out.stderr += d));
+  const exited = new Promise<number | null>((resolve) =>
+    child.on("close", (code) => resolve(code))
+  );
+  return { child, out, exited };
 }
 
-describe("the README, as written", { skip: runtime !== "deno" }, () => {
-  test("the Deno command lines of `runlock` work with exactly the flags they show: status, run, wait", async () => {
-    const [status, run, wait] = commandLines(readmeBlock("deno-cli"));
-    assert.match(status, /src\/cli\.ts status /);
-    assert.match(run, /src\/cli\.ts run .* -- \.\/sync\.sh$/);
-    assert.match(wait, /src\/cli\.ts wait /);
-    const { dir, cleanup } = clone();
-    try {
-      writeFileSync(
-        join(dir, "sync.sh"),
-        "#!/bin/sh\necho syncing\nwhile [ ! -e done ]; do sleep 0.05; done\n",
-        { mode: 0o755 },
-      );
-      const free = sh(status, dir);
-      assert.equal(free.code, 1, free.stderr);
-      assert.equal(free.stdout, "free\n");
+/** A clone next to a project (`../runlock`), as the README lays them out. */
+function project(): { work: string; dir: string; cleanup: () => void } {
+  const work = mkdtempSync(join(tmpdir(), "runlock-docs-"));
+  symlinkSync(root, join(work, "runlock"));
+  const dir = join(work, "project");
+  mkdirSync(dir);
+  const config = readmeBlock("deno-json");
+  assert.equal(config.lang, "json");
+  writeFileSync(join(dir, "deno.json"), config.text);
+  return {
+    work,
+    dir,
+    cleanup: () => rmSync(work, { recursive: true, force: true }),
+  };
+}
 
-      const guarded = spawn("sh", ["-c", run], {
-        cwd: dir,
-        env: env(),
-        stdio: ["ignore", "pipe", "pipe"],
-      });
-      let out = "";
-      let err = "";
-      guarded.stdout!.on("data", (d) => (out += d));
-      guarded.stderr!.on("data", (d) => (err += d));
-      const exited = new Promise<number | null>((resolve) =>
-        guarded.on("close", (code) => resolve(code))
+/**
+ * Runs a `deno install -g --name runlock …` line of the docs with its
+ * install root in `work` (never the reader's ~/.deno), and returns an
+ * environment whose PATH has that root's bin.
+ */
+function install(line: string, cwd: string, work: string) {
+  assert.match(line, /^deno install -g (-f )?--name runlock .*src\/cli\.ts$/);
+  const rootDir = join(work, "deno-root");
+  const env = {
+    ...readerEnv,
+    DENO_INSTALL_ROOT: rootDir,
+    PATH: `${join(rootDir, "bin")}${delimiter}${readerEnv.PATH}`,
+  };
+  const r = sh(line, cwd, env);
+  assert.equal(r.code, 0, r.stderr);
+  assert.ok(existsSync(join(rootDir, "bin", "runlock")), r.stderr);
+  return env;
+}
+
+const SYNC_SH =
+  "#!/bin/sh\necho syncing\nwhile [ ! -e done ]; do sleep 0.05; done\n";
+
+describe("the documents", { skip: runtime !== "deno" }, () => {
+  test("every code block of the README and docs/*.md is marked, and each marker is run by a test", () => {
+    const sources = [
+      ...["tests", "scripts"].flatMap((d) =>
+        spawnSync("git", ["ls-files", "-co", "--exclude-standard", d], {
+          cwd: root,
+          encoding: "utf8",
+        }).stdout.split("\n").filter((f) => f.endsWith(".ts"))
+      ),
+    ].filter((f) => f !== "tests/_readme.ts")
+      .map((f) => readFileSync(join(root, f), "utf8")).join("\n");
+    const docs = documents();
+    assert.ok(docs.length > 1, "docs/ holds the guides");
+    const unmarked: string[] = [];
+    const untested: string[] = [];
+    for (const file of docs) {
+      for (const b of blocks(file)) {
+        if (b.marker === undefined) unmarked.push(`${file}:${b.line}`);
+        else if (!sources.includes(`"${b.marker}"`)) {
+          untested.push(`${file}:${b.line} (${b.marker})`);
+        }
+      }
+    }
+    assert.deepEqual(unmarked, [], "blocks without a test marker");
+    assert.deepEqual(untested, [], "markers no test names");
+  });
+
+  test("the README is a front door: under 250 lines, saying first what runlock is and for whom, linking each guide", () => {
+    const readme = readFileSync(join(root, "README.md"), "utf8");
+    const lines = readme.split("\n");
+    assert.ok(lines.length <= 250, `${lines.length} lines`);
+    const top = lines.slice(0, 6).join(" ");
+    assert.match(top, /lock library/);
+    assert.match(top, /`runlock` command/);
+    assert.match(top, /Deno, Node\.js and Bun/);
+    for (const file of documents().slice(1)) {
+      assert.ok(readme.includes(`](${file})`), `README links ${file}`);
+    }
+    assert.match(readme, /\[PROTOCOL\.md\]\(PROTOCOL\.md\) is the reference/);
+  });
+
+  test("the documents speak to users: no notes to ourselves, no goals as PASS/MISS", () => {
+    const phrases = [
+      /PASS\/MISS/,
+      /\bmeasured here\b/i,
+      /\bhere, median\b/,
+      /this VM/i,
+      /while other test suites were running/i,
+      /the machines this was built/i,
+      /what the gap is made of/i,
+      /amendments this implementation/i,
+      /\bissue \d+\b/i,
+      /src\/_attempt\.ts/,
+      /\bGoals met\b/,
+      /\bMissed\b/,
+    ];
+    const found: string[] = [];
+    for (const file of [...documents(), "PROTOCOL.md"]) {
+      const text = readFileSync(join(root, file), "utf8");
+      if (file === "PROTOCOL.md") {
+        if (/closing note/i.test(text)) found.push(`${file}: closing note`);
+        continue;
+      }
+      for (const p of phrases) if (p.test(text)) found.push(`${file}: ${p}`);
+    }
+    assert.deepEqual(found, []);
+  });
+});
+
+describe("the README and docs, run as written (Deno)", {
+  skip: runtime !== "deno",
+}, () => {
+  before(() => {
+    // The README's "Install" line, in a shell whose PATH has no deno.
+    const [line] = commandLines(readmeBlock("deno-path"));
+    const base = {
+      ...process.env as Record<string, string>,
+      PATH: pathWithoutDeno(),
+      NO_COLOR: "1",
+    };
+    assert.notEqual(
+      spawnSync("sh", ["-c", "command -v deno"], { env: base }).status,
+      0,
+      "the test starts from a PATH without deno",
+    );
+    const r = spawnSync("sh", ["-c", `${line}\necho "$PATH"`], {
+      env: base,
+      encoding: "utf8",
+    });
+    assert.equal(r.status, 0, r.stderr);
+    readerEnv = { ...base, PATH: r.stdout.trim().split("\n").at(-1)! };
+    const deno = spawnSync("sh", ["-c", "deno --version"], {
+      env: readerEnv,
+      encoding: "utf8",
+    });
+    assert.match(
+      deno.stdout,
+      /^deno 2\.9\.6 /,
+      "the line puts Deno 2.9.6 on PATH",
+    );
+  });
+
+  test("Quick start: two processes with the README's deno.json, program and deno run line; the second is refused with the first one's pid and exits 75", async () => {
+    const { dir, cleanup } = project();
+    try {
+      writeFileSync(join(dir, "main.ts"), readmeBlock("quick-start").text);
+      const [line] = commandLines(readmeBlock("deno-run"));
+      assert.match(line, /^deno run .* main\.ts$/);
+      // docs/permissions.md gives the same line for a holder.
+      assert.deepEqual(
+        commandLines(docBlock("permissions.md", "perm-holder")),
+        [line],
       );
-      await until(() => out.includes("syncing"));
-      const held = sh(status, dir);
+      const first = background(line, dir);
+      try {
+        await waitFor(
+          () => /working as pid \d+/.test(first.out.stdout),
+          `the first run: ${first.out.stderr}`,
+        );
+        const pid = first.out.stdout.match(/working as pid (\d+)/)![1];
+        const second = sh(line, dir);
+        assert.equal(second.code, 75, second.stderr);
+        assert.match(
+          second.stderr,
+          new RegExp(
+            `^\\.state/run\\.lock: another run is active as pid ${pid} on ${hostname()}; wait for it or stop it\\n$`,
+          ),
+        );
+        // The record is as docs/api.md shows it, line by line.
+        const record = readFileSync(join(dir, ".state", "run.lock"), "utf8")
+          .split("\n");
+        const shown = docBlock("api.md", "record-format").text.trimEnd()
+          .split("\n");
+        assert.equal(shown[0], "4242");
+        assert.equal(record[0], pid);
+        for (const [i, l] of shown.entries()) {
+          const key = l.split("=")[0];
+          if (i === 0) continue;
+          if (!l.includes("=")) assert.equal(record[i], l);
+          else assert.ok(record[i].startsWith(`${key}=`), `${record[i]}`);
+        }
+        assert.equal(record[2], `host=${hostname()}`);
+        assert.equal(record[4], "runtime=deno");
+      } finally {
+        first.child.kill("SIGTERM");
+        await first.exited;
+      }
+    } finally {
+      cleanup();
+    }
+  });
+
+  test("docs/api.md: each program runs as written, with type checking, in a project mapped to the clone", () => {
+    const { dir, cleanup } = project();
+    try {
+      for (
+        const name of [
+          "api-wait",
+          "api-probes",
+          "api-signal",
+          "api-meta",
+          "api-scan",
+        ]
+      ) {
+        const block = docBlock("api.md", name);
+        assert.equal(block.lang, "ts", name);
+        writeFileSync(join(dir, `${name}.ts`), block.text);
+        // Type-checked by `deno check --doc-only docs/*.md` (deno task check).
+        const r = sh(`deno run --quiet -A ${name}.ts`, dir);
+        assert.equal(r.code, 0, `${name}: ${r.stderr}`);
+        assert.equal(r.stderr, "", name);
+      }
+      // The status program of docs/permissions.md, with its line.
+      writeFileSync(
+        join(dir, "status.ts"),
+        docBlock("api.md", "api-probes").text,
+      );
+      const [line] = commandLines(docBlock("permissions.md", "perm-probe"));
+      assert.match(line, /^deno run .* status\.ts$/);
+      const r = sh(line, dir);
+      assert.equal(r.code, 0, r.stderr);
+      assert.match(r.stdout, /^no run is active\n/);
+    } finally {
+      cleanup();
+    }
+  });
+
+  test("the runlock command: the README's deno install line, then the README's and docs/cli.md's command lines (run, status, --json, a refused run, ls, wait)", async () => {
+    const { work, dir, cleanup } = project();
+    try {
+      const [installLine] = commandLines(readmeBlock("deno-install-cli"));
+      assert.deepEqual(
+        commandLines(docBlock("permissions.md", "perm-cli")),
+        [installLine],
+      );
+      const env = install(installLine, dir, work);
+      writeFileSync(join(dir, "sync.sh"), SYNC_SH, { mode: 0o755 });
+      const [run, status, ls, wait] = commandLines(readmeBlock("cli-brief"));
+      assert.match(run, /^runlock run \.state\/run\.lock -- \.\/sync\.sh /);
+      const host = hostname();
+
+      const guarded = background(run, dir, env);
+      await waitFor(() => guarded.out.stdout.includes("syncing"), "run");
+      const held = sh(status, dir, env);
       assert.equal(held.code, 0, held.stderr);
       assert.match(
         held.stdout,
-        new RegExp(`^held by pid \\d+ on ${hostname()} since `),
-        "--allow-sys=hostname recorded the host",
+        new RegExp(`^held by pid \\d+ on ${host} since .*: \\./sync\\.sh\\n$`),
       );
-
-      // `wait` has begun waiting once it has read the held lock file (the
-      // holder never reads its own).
+      const listed = sh(ls, dir, env);
+      assert.equal(listed.code, 0, listed.stderr);
+      assert.match(
+        listed.stdout,
+        new RegExp(
+          `^held +\\d+ +${host} +.* \\./sync\\.sh +\\.state/run\\.lock$`,
+          "m",
+        ),
+      );
+      // `wait` has begun waiting once it has read the held lock file.
       const reads = await Reads.watch(
         join(dir, ".state", "run.lock"),
         join(dir, "mark"),
       );
-      const waiting = spawn("sh", ["-c", wait], { cwd: dir, env: env() });
-      const waited = new Promise<number | null>((resolve) =>
-        waiting.on("close", (code) => resolve(code))
-      );
+      const waiting = background(wait, dir, env);
       try {
         await reads.reads(1);
       } finally {
         await reads.stop();
       }
-      // It read the held lock and is still there: it waits.
-      assert.equal(
-        waiting.exitCode,
-        null,
-        "wait returned while the lock was held",
-      );
+      assert.equal(waiting.child.exitCode, null, "wait returned while held");
       writeFileSync(join(dir, "done"), "");
-      assert.equal(await exited, 0, err);
-      assert.equal(await waited, 0);
+      assert.equal(await guarded.exited, 0, guarded.out.stderr);
+      assert.equal(await waiting.exited, 0, waiting.out.stderr);
+      rmSync(join(dir, "done"));
+
+      // docs/cli.md's session.
+      const session = commandLines(docBlock("cli.md", "cli-session"));
+      assert.equal(session.length, 6);
+      const holderLine = session[0].replace(/\s*&$/, "");
+      const first = background(holderLine, dir, env);
+      await waitFor(() => first.out.stdout.includes("syncing"), "run --meta");
+      const s = sh(session[1], dir, env);
+      assert.equal(s.code, 0, s.stderr);
+      assert.match(
+        s.stdout,
+        new RegExp(
+          `^held by pid (\\d+) on ${host} since .*: \\./sync\\.sh --full\\n  job=42\\n$`,
+        ),
+      );
+      const json = JSON.parse(sh(session[2], dir, env).stdout);
+      assert.equal(json.state, "held");
+      assert.deepEqual(json.meta, { cmd: "./sync.sh --full", job: "42" });
+      const refused = sh(session[3], dir, env);
+      assert.equal(refused.code, 75);
+      assert.equal(
+        refused.stderr,
+        `runlock: .state/run.lock: another run is active as pid ${json.pid} on ${host}; wait for it or stop it\n`,
+      );
+      assert.match(
+        sh(session[4], dir, env).stdout,
+        /^held .*\.state\/run\.lock$/m,
+      );
+      const waited = background(session[5], dir, env);
+      writeFileSync(join(dir, "done"), "");
+      assert.equal(await first.exited, 0, first.out.stderr);
+      assert.equal(await waited.exited, 0, waited.out.stderr);
       assert.equal(existsSync(join(dir, ".state", "run.lock")), false);
     } finally {
       cleanup();
     }
   });
 
-  test("Quick start: the deno.json mapping to a clone, the program and its deno run line work; a second run gets the holder's message and exit 75", async () => {
-    const work = mkdtempSync(join(tmpdir(), "runlock-readme-project-"));
-    try {
-      // A clone next to the project, as the README says ("../runlock").
-      symlinkSync(root, join(work, "runlock"));
-      const project = join(work, "project");
-      mkdirSync(project);
-      const config = readmeBlock("deno-json");
-      assert.equal(config.lang, "json");
-      writeFileSync(join(project, "deno.json"), config.text);
-      const program = readmeBlock("quick-start");
-      assert.equal(program.lang, "ts");
-      writeFileSync(join(project, "main.ts"), program.text);
-      const [line] = commandLines(readmeBlock("deno-run"));
-      assert.match(line, /^deno run .* main\.ts$/);
-
-      const free = sh(line, project);
-      assert.equal(free.code, 0, free.stderr);
-      assert.equal(existsSync(join(project, ".state", "run.lock")), false);
-
-      const first = await holder(join(project, ".state", "run.lock"));
-      try {
-        const refused = sh(line, project);
-        assert.equal(refused.code, 75);
-        assert.match(
-          refused.stderr,
-          new RegExp(
-            `run\\.lock: another run is active as pid ${first.pid} on ${hostname()}; wait for it or stop it`,
-          ),
-        );
-      } finally {
-        await first.kill();
-      }
-    } finally {
-      rmSync(work, { recursive: true, force: true });
-    }
-  });
-
-  test("Releasing on Ctrl-C and kill: without a handler SIGTERM leaves a stale file; the README's pattern releases, so status reads free", async () => {
-    const { dir, cleanup } = clone();
+  test("docs/signals.md: without a handler SIGTERM leaves a stale file; the documented pattern releases, so status reads free", async () => {
+    const { dir, cleanup } = project();
     const path = join(dir, ".state", "run.lock");
+    const status = `deno run --allow-read ${
+      join(root, "src", "cli.ts")
+    } status ${path}`;
     try {
-      // Without the pattern: a plain holder ended by SIGTERM.
       const plain = await holder(path);
       await plain.kill("SIGTERM");
       assert.equal(existsSync(path), true, "the file stays");
-      const stale = sh(`deno run --allow-read src/cli.ts status ${path}`, dir);
-      assert.match(stale.stdout, /^stale: last holder pid \d+ is gone/);
+      assert.match(
+        sh(status, dir).stdout,
+        /^stale: last holder pid \d+ is gone/,
+      );
       rmSync(path);
 
-      const block = readmeBlock("release-on-signals");
+      const block = docBlock("signals.md", "release-on-signals");
       assert.equal(block.lang, "ts");
-      // The README's program, unchanged, imported by a main module that
-      // says when the program's top level (acquire, then the listeners) has
-      // run: the signal is sent only then.
-      writeFileSync(join(dir, "readme.ts"), block.text);
+      // The program, unchanged, imported by a main module that says when
+      // its top level (acquire, then the listeners) has run.
+      writeFileSync(join(dir, "doc.ts"), block.text);
       writeFileSync(
         join(dir, "main.ts"),
-        'import "./readme.ts";\nconsole.log("listening");\n',
+        'import "./doc.ts";\nconsole.log("listening");\n',
       );
-      const cases = [["SIGTERM", 143], ["SIGINT", 130]] as const;
-      for (const [signal, code] of cases) {
-        const program = spawn(Deno.execPath(), [
-          "run",
-          "--quiet",
-          "--allow-read=.state",
-          "--allow-write=.state",
-          "main.ts",
-        ], { cwd: dir, env: env(), stdio: ["ignore", "pipe", "inherit"] });
-        let out = "";
-        program.stdout!.on("data", (d) => (out += d));
-        const exited = new Promise<number | null>((resolve) =>
-          program.on("close", (c) => resolve(c))
+      for (
+        const [signal, code] of [["SIGTERM", 143], ["SIGINT", 130]] as const
+      ) {
+        const program = background(
+          "deno run --quiet --allow-read=.state --allow-write=.state main.ts",
+          dir,
         );
-        await until(() => out.includes("listening\n"));
+        await waitFor(() => program.out.stdout.includes("listening\n"), signal);
         assert.equal(existsSync(path), true, "it holds the lock");
         // process.kill of our own child's PID (it runs: it just said so):
         // Deno's ChildProcess.kill reports an exit by the signal at once.
-        process.kill(program.pid!, signal);
-        assert.equal(await exited, code, signal);
+        process.kill(program.child.pid!, signal);
+        assert.equal(await program.exited, code, signal);
         assert.equal(existsSync(path), false, `released on ${signal}`);
-        const free = sh(`deno run --allow-read src/cli.ts status ${path}`, dir);
-        assert.equal(free.stdout, "free\n");
+        assert.equal(sh(status, dir).stdout, "free\n");
       }
     } finally {
       cleanup();
     }
   });
 
-  test("PROTOCOL.md is the reference the README names, and speaks to users and implementers only", () => {
-    const readme = readFileSync(join(root, "README.md"), "utf8");
-    assert.match(readme, /\[PROTOCOL\.md\]\(PROTOCOL\.md\) is the reference/);
-    assert.doesNotMatch(readme, /shared design notes/);
-    const protocol = readFileSync(join(root, "PROTOCOL.md"), "utf8");
-    assert.doesNotMatch(protocol, /closing note/i);
+  test("docs/cli.md: lslocks shows a holder's lock as the temp file's name, deleted, with the lock file's inode", async () => {
+    const { dir, cleanup } = project();
+    const path = join(dir, ".state", "run.lock");
+    try {
+      const shown = docBlock("cli.md", "lslocks").text.trimEnd().split("\n");
+      assert.match(shown[0], /^\$ lslocks /);
+      assert.match(
+        shown[2],
+        /^deno +4242 FLOCK WRITE \S*\/\.state\/\.run\.lock\.[0-9a-f]+\.tmp \(deleted\)$/,
+      );
+      const child = await holder(path);
+      try {
+        const pid = child.proc.pid!;
+        const ino = statSync(path).ino;
+        const locks = readFileSync("/proc/locks", "utf8").split("\n")
+          .filter((l) =>
+            / FLOCK +ADVISORY +WRITE /.test(l) && l.includes(` ${pid} `)
+          );
+        assert.equal(locks.length, 1, locks.join("\n"));
+        assert.equal(Number(locks[0].split(/\s+/)[5].split(":")[2]), ino);
+        const lslocks = sh(shown[0].slice(2), dir);
+        if (lslocks.code === 127) return; // not installed: /proc/locks said it
+        assert.equal(lslocks.code, 0, lslocks.stderr);
+        const words = (l: string) => l.trim().split(/\s+/);
+        assert.deepEqual(words(lslocks.stdout.split("\n")[0]), words(shown[1]));
+        const row = lslocks.stdout.split("\n").find((l) =>
+          new RegExp(`^\\S+ +${pid} +FLOCK `).test(l)
+        );
+        assert.ok(row, lslocks.stdout);
+        assert.match(
+          row,
+          new RegExp(
+            `FLOCK WRITE ${
+              dirname(path).replaceAll(".", "\\.")
+            }/\\.run\\.lock\\.[0-9a-f]+\\.tmp \\(deleted\\)$`,
+          ),
+        );
+      } finally {
+        await child.kill();
+      }
+    } finally {
+      cleanup();
+    }
   });
+});
+
+/** A database and a role of this test's own on the test server. */
+function pgTarget(cluster: Cluster) {
+  const tag = `docs_${process.pid}_${Date.now().toString(36)}`;
+  psql(cluster.url, `CREATE DATABASE ${tag}`);
+  psql(cluster.url, `CREATE ROLE ${tag} LOGIN`);
+  const at = (user: string, db: string) => {
+    const u = new URL(cluster.url);
+    u.username = user;
+    u.pathname = `/${db}`;
+    return u.toString();
+  };
+  return {
+    tag,
+    owner: at(new URL(cluster.url).username || "postgres", tag),
+    app: at(tag, tag),
+    hostPort: `${cluster.host}:${cluster.port}`,
+  };
+}
+
+/** The docs' placeholders, for this server and role. */
+function placeholders(text: string, t: ReturnType<typeof pgTarget>): string {
+  return text
+    .replaceAll("postgres://app@db-host/app", t.app)
+    .replaceAll("postgres://owner@db-host/app", t.owner)
+    .replaceAll("db-host:5432", t.hostPort);
+}
+
+describe("docs/postgres.md and its permissions, run as written (Deno)", {
+  skip: runtime !== "deno" || !hasPg,
+}, () => {
+  let cluster: Cluster;
+  let t: ReturnType<typeof pgTarget>;
+  before(async () => {
+    cluster = await startCluster();
+    t = pgTarget(cluster);
+  });
+  after(() => cluster?.stop());
+
+  test("the DBA's SQL is what runlock db-setup prints; run once as the owner, it lets a role that may create nothing take, inspect and release locks", async () => {
+    const sql = docBlock("postgres.md", "pg-setup-sql").text;
+    const statements = (text: string) =>
+      text.split("\n").filter((l) => !l.startsWith("--")).join("\n")
+        .replace(/\s+/g, " ").trim();
+    assert.equal(statements(sql), statements(pgSetupSql({ role: "app" })));
+    // Without it, the role cannot create the table (PostgreSQL 15+).
+    const before = pgLocks(t.app);
+    await assert.rejects(before.acquire("sync/main"), /GRANT CREATE ON SCHEMA/);
+    await before.end();
+    psql(t.owner, sql.replaceAll('"app"', `"${t.tag}"`));
+    const locks = pgLocks(t.app);
+    const lock = await locks.acquire("sync/main");
+    assert.equal((await locks.inspect("sync/main")).state, "held");
+    await lock.release();
+    await locks.end();
+  });
+
+  test("the Deno example and its deno run line: the fence printed, the lock released, no prompt, no warning", () => {
+    const { dir, cleanup } = project();
+    try {
+      writeFileSync(
+        join(dir, "pg.ts"),
+        placeholders(docBlock("postgres.md", "pg-deno").text, t),
+      );
+      const [line] = commandLines(docBlock("permissions.md", "perm-pg"));
+      assert.match(line, /^deno run .* pg\.ts$/);
+      const r = sh(placeholders(line, t), dir);
+      assert.equal(r.code, 0, r.stderr);
+      assert.equal(r.stderr, "");
+      assert.match(r.stdout, /^\d+n\n/);
+      assert.match(r.stdout, /state: "held"/);
+    } finally {
+      cleanup();
+    }
+  });
+
+  // Skipped until the installed CLI can load pg: today `deno install -g`'s
+  // copy of deno.json leaves "pg" unresolvable ("Import \"pg\" not a
+  // dependency"), so `runlock --db` from the README's install fails.
+  test(
+    "the runlock command on PostgreSQL: the --db install line, db-setup piped to psql, run, status and wait",
+    {
+      skip:
+        "needs src/postgres/_session.ts to import npm:pg@8.23.1 (see the docs report)",
+    },
+    async () => {
+      const { work, dir, cleanup } = project();
+      try {
+        const [installLine] = commandLines(
+          docBlock("permissions.md", "perm-cli-db"),
+        );
+        const env = install(placeholders(installLine, t), dir, work);
+        const psqlBin = psqlPath();
+        assert.ok(psqlBin, "psql");
+        env.PATH = `${dirname(psqlBin)}${delimiter}${env.PATH}`;
+        const [setup] = commandLines(docBlock("postgres.md", "pg-db-setup"));
+        const s = sh(placeholders(setup, t), dir, env);
+        assert.equal(s.code, 0, s.stderr);
+        assert.doesNotMatch(s.stderr, /ERROR/);
+
+        writeFileSync(join(dir, "sync.sh"), SYNC_SH, { mode: 0o755 });
+        const [run, status, wait] = commandLines(docBlock("cli.md", "cli-db"))
+          .map((l) => placeholders(l, t));
+        const guarded = background(run.replace(/\s*&$/, ""), dir, env);
+        await waitFor(
+          () => guarded.out.stdout.includes("syncing"),
+          `run --db (${run}): ${guarded.out.stderr} / status: ${
+            JSON.stringify(sh(status, dir, env))
+          }`,
+          10_000,
+        );
+        const held = sh(status, dir, env);
+        assert.equal(held.code, 0, held.stderr);
+        assert.match(held.stdout, /^held by pid \d+ on .*: \.\/sync\.sh\n$/);
+        // The SQL that finds the holder's session names it.
+        const found = psql(
+          t.app,
+          docBlock("postgres.md", "pg-evict").text.replace(/\n--.*$/m, ""),
+        );
+        const probe = pgLocks(t.app);
+        const backend = (await probe.inspect("sync/main")).backendPid;
+        await probe.end();
+        assert.ok(backend && found.includes(String(backend)), found);
+        const waiting = background(wait, dir, env);
+        writeFileSync(join(dir, "done"), "");
+        assert.equal(await guarded.exited, 0, guarded.out.stderr);
+        assert.equal(await waiting.exited, 0, waiting.out.stderr);
+      } finally {
+        cleanup();
+      }
+    },
+  );
+
+  test("fencing: the documented UPDATE accepts a token at or above the last one and refuses a lower one", () => {
+    const update = docBlock("postgres.md", "pg-fence").text
+      .replace(/--.*$/gm, "").trim().replace(/;$/, "");
+    const out = psql(
+      t.owner,
+      `CREATE TABLE sync_state (id integer, cursor text, fence bigint);
+       INSERT INTO sync_state VALUES (1, '', 0);
+       PREPARE f(text, bigint) AS ${update};
+       EXECUTE f('a', 7); EXECUTE f('b', 3);
+       SELECT cursor || ':' || fence FROM sync_state;`,
+    );
+    assert.match(out, /a:7/);
+  });
+});
+
+describe("the docs' Node and Bun forms, run as written", {
+  skip: runtime === "deno",
+}, () => {
+  /** The scratch project the npm build installed the package into. */
+  const scratch = (() => {
+    let dir = new URL(".", import.meta.url).pathname;
+    while (dir !== "/" && !existsSync(join(dir, "node_modules", "runlock"))) {
+      dir = dirname(dir.replace(/\/$/, ""));
+    }
+    return dir;
+  })();
+
+  test(
+    "README: the Node program is refused while `npx runlock run` holds the lock, naming that run's pid",
+    { skip: runtime !== "node" },
+    async () => {
+      const dir = mkdtempSync(join(scratch, ".docs-"));
+      try {
+        writeFileSync(
+          join(dir, "main.mjs"),
+          readmeBlock("node-quick-start").text,
+        );
+        const [hold, node] = commandLines(readmeBlock("node-refused"));
+        assert.equal(node, "node main.mjs");
+        const env = {
+          ...process.env as Record<string, string>,
+          PATH: `${dirname(process.execPath)}${delimiter}${process.env.PATH}`,
+        };
+        const holding = background(hold.replace(/\s+#.*$/, ""), dir, env);
+        const lock = join(dir, ".state", "run.lock");
+        await waitFor(
+          () => existsSync(lock) && readFileSync(lock, "utf8").includes("\n"),
+          "npx runlock run",
+        );
+        const pid = readFileSync(lock, "utf8").split("\n")[0];
+        const r = sh(node, dir, env);
+        assert.equal(r.code, 75, r.stderr);
+        assert.match(
+          r.stderr,
+          new RegExp(`another run is active as pid ${pid} `),
+        );
+        holding.child.kill("SIGTERM");
+        await holding.exited;
+        await waitFor(() => !existsSync(lock), "the holder's release");
+      } finally {
+        rmSync(dir, { recursive: true, force: true });
+      }
+    },
+  );
+
+  test(
+    "docs/postgres.md: the Node form runs on this runtime (Node 20 included) against a real server",
+    { skip: !hasPg },
+    async () => {
+      const cluster = await startCluster();
+      const dir = mkdtempSync(join(scratch, ".docs-"));
+      try {
+        const t = pgTarget(cluster);
+        const block = docBlock("postgres.md", "pg-node");
+        writeFileSync(
+          join(dir, "pg.mjs"),
+          placeholders(block.text, t).replaceAll(t.app, t.owner),
+        );
+        const r = spawnSync(process.execPath, ["pg.mjs"], {
+          cwd: dir,
+          encoding: "utf8",
+        });
+        assert.equal(r.status, 0, r.stderr);
+        assert.match(r.stdout, /^\d+n\n$/);
+      } finally {
+        rmSync(dir, { recursive: true, force: true });
+        cluster.stop();
+      }
+    },
+  );
 });
