@@ -1,9 +1,9 @@
-// The PostgreSQL backend without its client module: node-postgres ("pg")
-// is an optional peer dependency on npm, and a Deno project using runlock
-// from a clone maps it itself. Without it, "runlock/postgres" still
-// imports, and the first acquire says which module is missing and how to
-// get it, never "cannot connect". No server is needed: the client is
-// loaded before any connection.
+// The PostgreSQL backend's client module: node-postgres ("pg") is an
+// optional peer dependency on npm, and under Deno a full npm: specifier
+// that needs no import map. Without it, "runlock/postgres" still imports,
+// and the first acquire says which module is missing and how to get it,
+// never "cannot connect". No server is needed: the client is loaded
+// before any connection, and port 9 refuses.
 import assert from "node:assert/strict";
 import { spawnSync } from "node:child_process";
 import { cpSync, mkdirSync, writeFileSync } from "node:fs";
@@ -25,16 +25,28 @@ try {
 }
 `;
 
+/** The sources, outside this checkout (whose deno.json has an import map). */
+function denoProject(dir: string): void {
+  const root = join(dirname(fileURLToPath(import.meta.url)), "..");
+  cpSync(join(root, "src"), join(dir, "src"), { recursive: true });
+  cpSync(join(root, "mod.ts"), join(dir, "mod.ts"));
+  writeFileSync(join(dir, "deno.json"), "{}\n");
+  writeFileSync(join(dir, "main.ts"), SCRIPT("./src/postgres/mod.ts"));
+}
+
 /** A project that has runlock but not pg; returns the command that runs. */
 function projectWithoutPg(dir: string): string[] {
   if (runtime === "deno") {
-    // The sources, outside this checkout (whose deno.json maps "pg").
-    const root = join(dirname(fileURLToPath(import.meta.url)), "..");
-    cpSync(join(root, "src"), join(dir, "src"), { recursive: true });
-    cpSync(join(root, "mod.ts"), join(dir, "mod.ts"));
-    writeFileSync(join(dir, "deno.json"), "{}\n");
-    writeFileSync(join(dir, "main.ts"), SCRIPT("./src/postgres/mod.ts"));
-    return [process.execPath, "run", "--quiet", "--allow-all", "main.ts"];
+    // An empty module cache that may not be filled: npm:pg cannot load.
+    denoProject(dir);
+    return [
+      process.execPath,
+      "run",
+      "--quiet",
+      "--cached-only",
+      "--allow-all",
+      "main.ts",
+    ];
   }
   // The installed package (and koffi, its one dependency), copied into a
   // project whose node_modules has no pg.
@@ -53,21 +65,59 @@ function projectWithoutPg(dir: string): string[] {
   return [process.execPath, "main.mjs"];
 }
 
-test("without the pg module, acquire names the missing client and how to install it, not a connection failure", () => {
-  const { dir, cleanup } = tempDir();
-  const [cmd, ...args] = projectWithoutPg(dir);
-  const r = spawnSync(cmd, args, { cwd: dir, encoding: "utf8" });
-  cleanup();
+function runIn(
+  dir: string,
+  [cmd, ...args]: string[],
+  env: Record<string, string> = {},
+): { name: string; message: string } {
+  const r = spawnSync(cmd, args, {
+    cwd: dir,
+    encoding: "utf8",
+    env: { ...process.env, ...env },
+  });
   assert.equal(r.status, 0, r.stderr);
-  const out = JSON.parse(r.stdout.trim().split("\n").at(-1)!);
-  assert.equal(out.name, "RunlockError", r.stdout);
+  return JSON.parse(r.stdout.trim().split("\n").at(-1)!);
+}
+
+test("without the pg module, acquire names the missing client and how to get it, not a connection failure", () => {
+  const { dir, cleanup } = tempDir();
+  const command = projectWithoutPg(dir);
+  const out = runIn(
+    dir,
+    command,
+    runtime === "deno" ? { DENO_DIR: join(dir, "deno-cache") } : {},
+  );
+  cleanup();
+  assert.equal(out.name, "RunlockError", JSON.stringify(out));
   assert.match(out.message, /^sync\/main: runlock's PostgreSQL backend needs/);
   assert.match(out.message, /node-postgres \("pg"/);
   assert.match(
     out.message,
     runtime === "deno"
-      ? /add "pg": "npm:pg@8\.23\.1" to the "imports" of your deno\.json$/
+      ? /Deno downloads npm:pg@8\.23\.1 from the npm registry on first use$/
       : /install it: npm install pg \(or bun add pg\)$/,
   );
   assert.doesNotMatch(out.message, /cannot connect/);
 });
+
+test(
+  "under Deno, the sources load the client without an import map of the user's (a clone, a deno install)",
+  {
+    skip: runtime !== "deno",
+  },
+  () => {
+    const { dir, cleanup } = tempDir();
+    denoProject(dir);
+    const out = runIn(dir, [
+      process.execPath,
+      "run",
+      "--quiet",
+      "--allow-all",
+      "main.ts",
+    ]);
+    cleanup();
+    // The client loaded and tried the (closed) port.
+    assert.match(out.message, /cannot connect to PostgreSQL at 127\.0\.0\.1:9/);
+    assert.match(out.message, /connection refused/);
+  },
+);

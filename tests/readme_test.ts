@@ -60,7 +60,10 @@ function sh(line: string, cwd: string, env = readerEnv) {
 
 /** A line started in the background, with its output collected. */
 function background(line: string, cwd: string, env = readerEnv) {
-  const child: ChildProcess = spawn("sh", ["-c", `exec ${line}`], {
+  // exec, so that the handle is the command's; through env(1) when the
+  // line starts with an assignment (VAR=value cmd), which exec refuses.
+  const command = /^\w+=/.test(line) ? `exec env ${line}` : `exec ${line}`;
+  const child: ChildProcess = spawn("sh", ["-c", command], {
     cwd,
     env,
     stdio: ["ignore", "pipe", "pipe"],
@@ -551,15 +554,10 @@ describe("docs/postgres.md and its permissions, run as written (Deno)", {
     }
   });
 
-  // Skipped until the installed CLI can load pg: today `deno install -g`'s
-  // copy of deno.json leaves "pg" unresolvable ("Import \"pg\" not a
-  // dependency"), so `runlock --db` from the README's install fails.
+  // The installed CLI loads pg by its full npm: specifier: `deno install
+  // -g` does not take the clone's import map along.
   test(
     "the runlock command on PostgreSQL: the --db install line, db-setup piped to psql, run, status and wait",
-    {
-      skip:
-        "needs src/postgres/_session.ts to import npm:pg@8.23.1 (see the docs report)",
-    },
     async () => {
       const { work, dir, cleanup } = project();
       try {

@@ -54,9 +54,10 @@ let clientClass: Promise<ClientClass> | undefined;
  * build --compile` still bundle it.
  */
 function loadClient(): Promise<ClientClass> {
-  // "pg" is npm:pg@8.23.1, pinned in deno.json (and an optional peer
-  // dependency on npm).
-  clientClass ??= import("pg").then(
+  // The full specifier, so that Deno needs no import map for it (a project
+  // using runlock from a clone, a `deno install`ed CLI); the npm build
+  // makes it "pg", an optional peer dependency there.
+  clientClass ??= import("npm:pg@8.23.1").then(
     (m) => ((m.default ?? m) as { Client: ClientClass }).Client,
     (err) => {
       clientClass = undefined;
@@ -68,8 +69,9 @@ function loadClient(): Promise<ClientClass> {
 
 /**
  * The PostgreSQL client module could not be loaded: not installed (npm:
- * it is an optional peer dependency), or not mapped (a Deno project using
- * runlock from a clone). Named as such, never as a connection failure.
+ * it is an optional peer dependency), or, under Deno, not downloadable
+ * (no registry, `--cached-only`). Named as such, never as a connection
+ * failure.
  */
 export class ClientMissing extends Error {
   constructor(cause: unknown) {
@@ -77,7 +79,7 @@ export class ClientMissing extends Error {
     // The specifier in two pieces: scripts/build_npm.ts rewrites quoted
     // npm: specifiers to bare names.
     const how = "Deno" in globalThis
-      ? `add "pg": "npm:${"pg@8.23.1"}" to the "imports" of your deno.json`
+      ? `Deno downloads npm:${"pg@8.23.1"} from the npm registry on first use`
       : "install it: npm install pg (or bun add pg)";
     super(
       `runlock's PostgreSQL backend needs the client node-postgres ("pg", 8.x), ` +
