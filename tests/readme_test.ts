@@ -554,6 +554,51 @@ describe("docs/postgres.md and its permissions, run as written (Deno)", {
     }
   });
 
+  test("on the oldest Deno the README claims (2.7.1, the first 2.7 on npm), from a clone: the quick start refuses a second run with the first one's pid, and the PostgreSQL example runs", async () => {
+    const readme = readFileSync(join(root, "README.md"), "utf8");
+    assert.match(readme, /\*\*Deno 2\.7 or newer\.\*\*/);
+    const got = spawnSync("npx", [
+      "--yes",
+      "deno@2.7.1",
+      "eval",
+      "console.log(Deno.execPath())",
+    ], { encoding: "utf8", env: readerEnv });
+    assert.equal(got.status, 0, got.stderr);
+    const old = got.stdout.trim().split("\n").at(-1)!;
+    const oldDeno = (line: string) => line.replace(/^deno /, `${old} `);
+    const { dir, cleanup } = project();
+    try {
+      writeFileSync(join(dir, "main.ts"), readmeBlock("quick-start").text);
+      const [line] = commandLines(readmeBlock("deno-run")).map(oldDeno);
+      const first = background(line, dir);
+      try {
+        await waitFor(
+          () => /working as pid \d+/.test(first.out.stdout),
+          `the first run on Deno 2.7.1: ${first.out.stderr}`,
+        );
+        const pid = first.out.stdout.match(/working as pid (\d+)/)![1];
+        const second = sh(line, dir);
+        assert.equal(second.code, 75, second.stderr);
+        assert.match(second.stderr, new RegExp(`active as pid ${pid} `));
+      } finally {
+        first.child.kill("SIGKILL");
+        await first.exited;
+      }
+      writeFileSync(
+        join(dir, "pg.ts"),
+        placeholders(docBlock("postgres.md", "pg-deno").text, t),
+      );
+      const [pgLine] = commandLines(docBlock("permissions.md", "perm-pg"))
+        .map((l) => oldDeno(placeholders(l, t)));
+      const r = sh(pgLine, dir);
+      assert.equal(r.code, 0, r.stderr);
+      assert.match(r.stdout, /^\d+n\n/);
+      assert.match(r.stdout, /state: "held"/);
+    } finally {
+      cleanup();
+    }
+  });
+
   // The installed CLI loads pg by its full npm: specifier: `deno install
   // -g` does not take the clone's import map along.
   test(
