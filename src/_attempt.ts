@@ -9,16 +9,15 @@
 import { ContendedError, RunlockError } from "./errors.ts";
 import { platform as p } from "./platform/current.ts";
 import type { Dir, FileInfo, Handle } from "./platform/types.ts";
-import { formatRecord } from "./record.ts";
 import {
   type Acquired,
-  encoder,
   errnoOf,
   type HeldBy,
   type LockPath,
   mapError,
   MAX_ATTEMPTS,
-  recordHeadHere,
+  recordBytes,
+  type RecordTemplate,
   type Target,
   tempName,
 } from "./_protocol.ts";
@@ -41,7 +40,7 @@ interface Temp {
 function createTemp(
   target: Target,
   mode: number,
-  extra: string,
+  record: RecordTemplate,
 ): Temp | undefined {
   const name = tempName(target.name);
   let handle: Handle | "EEXIST" | "ENOENT";
@@ -79,9 +78,7 @@ function createTemp(
       }
     }
     const started = new Date();
-    handle.write(
-      encoder.encode(formatRecord(recordHeadHere(), started, p.runtime, extra)),
-    );
+    handle.write(recordBytes(record, started));
     return { name, handle, started, id };
   } catch (err) {
     discardTemp(target.pinned, {
@@ -148,14 +145,14 @@ export function pin(lp: LockPath): Target {
 export function* attemptLoop(
   target: Target,
   mode: number,
-  extra: string,
+  record: RecordTemplate,
 ): Generator<number, Acquired | HeldBy, void> {
   let temp: Temp | undefined;
   let lastHeld: HeldBy | undefined;
   let tookOver = false;
   try {
     for (let attempt = 1; attempt <= MAX_ATTEMPTS; attempt++) {
-      temp ??= createTemp(target, mode, extra);
+      temp ??= createTemp(target, mode, record);
       if (temp === undefined) continue;
       let linked: "EEXIST" | "ENOENT" | undefined;
       try {

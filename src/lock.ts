@@ -15,7 +15,8 @@ import {
   inodeKey,
   lockPath,
   mapError,
-  recordSize,
+  type RecordTemplate,
+  recordTemplate,
   type Target,
   within,
 } from "./_protocol.ts";
@@ -388,30 +389,25 @@ class RunLock implements Lock {
   }
 }
 
-/** Record sizes by their variable part: encoded once per distinct meta. */
-const sizes = new Map<string, number>();
-
-function recordSizeOf(extra: string): number {
-  let size = sizes.get(extra);
-  if (size === undefined) {
-    size = recordSize(extra);
-    if (sizes.size >= 256) sizes.clear(); // a bound, not a working set
-    sizes.set(extra, size);
-  }
-  return size;
-}
-
 interface Checked {
   timeout: number;
   mode: number;
   meta: Meta;
-  extra: string;
+  record: RecordTemplate;
   checkInterval: number;
 }
+
+// The options of an acquire that passes none: checked once.
+let defaults: Checked | undefined;
 
 function checkOptions(
   options: AcquireSyncOptions | undefined,
 ): Checked {
+  if (options === undefined) return defaults ??= check(undefined);
+  return check(options);
+}
+
+function check(options: AcquireSyncOptions | undefined): Checked {
   const timeout = options?.timeout ?? 0;
   if (typeof timeout !== "number" || Number.isNaN(timeout) || timeout < 0) {
     throw new RangeError(
@@ -443,8 +439,8 @@ function checkOptions(
     );
   }
   const meta = checkMeta(options?.meta);
-  const extra = identityHere() + metaLines(meta);
-  const size = recordSizeOf(extra);
+  const record = recordTemplate(identityHere() + metaLines(meta));
+  const size = record.bytes.length;
   if (size > MAX_RECORD_BYTES) {
     const longest = Object.entries(meta).sort((a, b) =>
       b[1].length - a[1].length
@@ -453,7 +449,7 @@ function checkOptions(
       `Cannot acquire the lock as the record would be ${size} bytes, over ${MAX_RECORD_BYTES}: shorten meta.${longest}`,
     );
   }
-  return { timeout, mode, meta, extra, checkInterval };
+  return { timeout, mode, meta, record, checkInterval };
 }
 
 /** How a waiter's sleeps between two looks grow, and up to what. */
@@ -510,7 +506,7 @@ interface Woken {
  */
 function* acquireSteps(
   target: Target,
-  { timeout, mode, extra }: Checked,
+  { timeout, mode, record }: Checked,
   onSleep: () => boolean,
   sleeps: Sleeps,
   wake: Woken,
@@ -522,7 +518,7 @@ function* acquireSteps(
     for (;;) {
       let held: HeldBy | ContendedError;
       try {
-        const outcome = yield* attemptLoop(target, mode, extra);
+        const outcome = yield* attemptLoop(target, mode, record);
         if ("handle" in outcome) {
           done = true;
           return outcome;
