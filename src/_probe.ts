@@ -7,13 +7,13 @@
 import { platform as p } from "./platform/current.ts";
 import type { InvalidLockFileError, RunlockError } from "./errors.ts";
 import { type Dir, type Handle, SysError } from "./platform/types.ts";
-import { MAX_RECORD_BYTES, parsePid, parseRecord } from "./record.ts";
+import { MAX_RECORD_BYTES, parseRecord } from "./record.ts";
 import {
-  decoder,
   elsewhere,
   errnoOf,
   foreignAlive,
   headHasMarker,
+  headPid,
   invalidOpen,
   liveness,
   type LockPath,
@@ -76,9 +76,7 @@ export function probe(
       // rule needs the PID, which is on line 1 (before the marker on line 2).
       const head = handle.readAll(32);
       result.state = "held";
-      result.pid = parsePid(
-        decoder.decode(head.subarray(0, head.indexOf(10) >>> 0)),
-      );
+      result.pid = headPid(head);
       // No PID in a file that is not empty: garbage under the flock (see
       // the next case).
       result.racing = result.pid === 0 && head.length > 0;
@@ -152,13 +150,14 @@ export const RACING_SLEEPS = [0, 1, 2, 4, 8, 16, 32, 64, 128];
  * under a held flock), as acquire does, so that the dead PID is not
  * reported as a live holder. Yields sleeps; after the last look it answers
  * what it sees (a tool such as flock(1) may really hold a crashed run's
- * file).
+ * file). `first`: the first look, when the caller made it.
  */
 export function* probeSteps(
   lp: LockPath,
   whole = true,
+  first?: Probe,
 ): Generator<number, Probe, void> {
-  let found = probe(lp, undefined, whole);
+  let found = first ?? probe(lp, undefined, whole);
   // A PID from elsewhere is most likely a live holder in a container: look
   // again only as long as a takeover takes, not as long as flock(1) might.
   const sleeps = found.far ? FAR_SLEEPS : RACING_SLEEPS;

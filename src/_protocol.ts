@@ -343,16 +343,45 @@ export const encoder = new TextEncoder();
 /** Shared text codecs. */
 export const decoder = new TextDecoder();
 
-const MARKER_LINE = /^runlock [1-9][0-9]{0,8}\r?$/;
-
-/** Whether the first bytes of a file hold the runlock marker on line 2. */
-export function headHasMarker(head: Uint8Array): boolean {
-  const text = decoder.decode(head);
-  const first = text.indexOf("\n");
-  const second = text.indexOf("\n", first + 1);
-  return first >= 0 && second > first &&
-    MARKER_LINE.test(text.slice(first + 1, second));
+/**
+ * The PID on line 1 of `head` (up to its first newline, or all of it), as
+ * `parsePid` reads it: decimal, no sign, no leading zero, 1 to 2147483647;
+ * 0 for anything else. Reads the bytes, without decoding them.
+ */
+export function headPid(head: Uint8Array): number {
+  let end = head.indexOf(10);
+  if (end < 0) end = head.length;
+  if (end === 0 || end > 10 || head[0] < 0x31 || head[0] > 0x39) return 0;
+  let pid = 0;
+  for (let i = 0; i < end; i++) {
+    const digit = head[i] - 0x30;
+    if (digit < 0 || digit > 9) return 0;
+    pid = pid * 10 + digit;
+  }
+  return pid <= MAX_PID ? pid : 0;
 }
+
+/**
+ * Whether the first bytes of a file hold the runlock marker on line 2:
+ * `runlock <version>` (1 to 9 digits, no leading zero), maybe a `\r`, then
+ * the line's newline. Reads the bytes, without decoding them.
+ */
+export function headHasMarker(head: Uint8Array): boolean {
+  const first = head.indexOf(10);
+  if (first < 0) return false;
+  let i = first + 1;
+  for (let k = 0; k < MARKER_WORD.length; k++) {
+    if (head[i++] !== MARKER_WORD[k]) return false;
+  }
+  const start = i;
+  if (head[i] < 0x31 || head[i] > 0x39) return false;
+  while (i < head.length && head[i] >= 0x30 && head[i] <= 0x39) i++;
+  if (i - start > 9) return false;
+  if (head[i] === 13) i++;
+  return head[i] === 10;
+}
+
+const MARKER_WORD = encoder.encode("runlock ");
 
 // Temp names: a random 32-bit prefix per process and a counter, so that a
 // name costs no system call and no random draw on the hot path, and other

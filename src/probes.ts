@@ -9,8 +9,8 @@
  * @module
  */
 
-import { elsewhere, lockPath, type Probe } from "./_protocol.ts";
-import { probeSteps } from "./_probe.ts";
+import { elsewhere, type LockPath, lockPath, type Probe } from "./_protocol.ts";
+import { probe, probeSteps } from "./_probe.ts";
 import { InvalidLockFileError } from "./errors.ts";
 import { platform as p } from "./platform/current.ts";
 
@@ -158,12 +158,23 @@ export async function inspect(path: string): Promise<Inspection> {
  * the live holder. `whole: false` skips reading the record when the flock
  * says held (all `held()` needs).
  */
-async function look(
+function look(
   path: string,
   action: string,
   whole: boolean,
+): Probe | Promise<Probe> {
+  const lp = lockPath(path, action);
+  // The usual answer needs one look: no generator, no promise of its own.
+  const found = probe(lp, undefined, whole);
+  return found.racing ? lookAgain(lp, whole, found) : found;
+}
+
+async function lookAgain(
+  lp: LockPath,
+  whole: boolean,
+  first: Probe,
 ): Promise<Probe> {
-  const steps = probeSteps(lockPath(path, action), whole);
+  const steps = probeSteps(lp, whole, first);
   let step = steps.next();
   while (!step.done) {
     const ms = step.value;

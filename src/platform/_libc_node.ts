@@ -44,6 +44,8 @@ export interface Libc {
   write(fd: number, buf: Uint8Array, count: number): number;
   fchmod(fd: number, mode: number): number;
   close(fd: number): number;
+  /** `kill(pid, sig)`: with 0, whether the process exists (and may be signalled). */
+  kill(pid: number, sig: number): number;
   /** The calling thread's errno, as the last call left it. */
   errno(): number;
 }
@@ -156,6 +158,7 @@ const NO_AT = {
   write: () => -1,
   fchmod: () => -1,
   close: () => -1,
+  kill: () => -1,
 };
 
 // bun:ffi passes strings as pointers to NUL-terminated bytes: two buffers
@@ -213,6 +216,7 @@ function bindBun(name: string, at: Stat | false): Libc {
         write: { args: [i32, "ptr", "u64"], returns: i32 },
         fchmod: { args: [i32, "u32"], returns: i32 },
         close: { args: [i32], returns: i32 },
+        kill: { args: [i32, i32], returns: i32 },
       }
       : {}),
   });
@@ -271,6 +275,7 @@ function bindBun(name: string, at: Stat | false): Libc {
     write: s.write as Fn,
     fchmod: s.fchmod as Fn,
     close: s.close as Fn,
+    kill: s.kill as Fn,
   };
 }
 
@@ -318,6 +323,7 @@ function bindKoffi(name: string, at: Stat | false): Libc {
     write: lib.func("long write(int fd, const void *buf, size_t count)") as Fn,
     fchmod: lib.func("int fchmod(int fd, uint32_t mode)") as Fn,
     close: lib.func("int close(int fd)") as Fn,
+    kill: lib.func("int kill(int pid, int sig)") as Fn,
   };
 }
 

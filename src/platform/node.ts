@@ -31,9 +31,12 @@ import {
   realpathSync,
   watch,
 } from "node:fs";
-import { hostname } from "node:os";
+import { constants as osc, hostname } from "node:os";
 import process from "node:process";
 import { AT_FDCWD } from "./_libc_node.ts";
+
+const ESRCH = osc.errno.ESRCH;
+const EPERM = osc.errno.EPERM;
 import { watchClose } from "./_close_node.ts";
 import {
   ffi,
@@ -165,6 +168,16 @@ export const platform: Platform = {
   },
 
   processAlive(pid: number): Liveness {
+    // Through libc where the *at() path is bound: process.kill throws an
+    // exception per dead PID, and costs ~0.2 µs more a call.
+    const l = ffi();
+    if (l) {
+      if (l.kill(pid, 0) === 0) return "alive";
+      const errno = l.errno();
+      if (errno === ESRCH) return "dead";
+      if (errno === EPERM) return "alive";
+      return "unknown";
+    }
     try {
       process.kill(pid, 0);
       return "alive";
