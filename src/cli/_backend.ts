@@ -1,0 +1,142 @@
+/**
+ * Where the locks are: lock files (the library), or a PostgreSQL database
+ * (`--db=URL` or `RUNLOCK_DATABASE_URL`), behind one small interface that
+ * the commands use. The PostgreSQL backend is imported here and only here,
+ * when asked for: file-lock users never load it, nor its database client.
+ *
+ * @module
+ */
+
+import { hostname } from "node:os";
+import process from "node:process";
+import { acquire, HeldError, inspect } from "../../mod.ts";
+import { UsageError } from "./_args.ts";
+import type { Info } from "./_format.ts";
+import { granted } from "./_permissions.ts";
+
+/** How often `run` checks that its lock file is still its own (ms). */
+const LOSS_CHECK_MS = 200;
+
+/** A held lock of either backend, as `run` uses it. */
+export interface HeldLock {
+  /** Aborted when the lock is lost. */
+  readonly signal: AbortSignal;
+  /** Releases the lock. */
+  release(): Promise<void>;
+}
+
+/** Where the locks are: lock files, or a PostgreSQL database. */
+export interface Backend {
+  /** Describes the lock `name` without taking it. */
+  inspect(name: string): Promise<Info>;
+  /** Takes the lock `name`, waiting up to `timeout` ms. */
+  acquire(
+    name: string,
+    options: {
+      timeout: number;
+      signal: AbortSignal;
+      meta: Record<string, string>;
+    },
+  ): Promise<HeldLock>;
+  /** Whether `err` says that another run holds the lock. */
+  isHeld(err: unknown): err is Error;
+  /** The longest pause between two probes of `wait`, in ms. */
+  poll: number;
+  /** Closes what the backend opened. */
+  end(): Promise<void>;
+}
+
+/** Lock files, through the library. */
+const files: Backend = {
+  inspect,
+  // The periodic check is one lstat: every 200 ms, a lost lock is noticed
+  // within 200 ms on every runtime (at once where a directory watch runs:
+  // Node and Bun; Deno's would keep the process alive).
+  acquire: (path, options) =>
+    acquire(path, { ...options, checkInterval: LOSS_CHECK_MS }),
+  isHeld: (err): err is Error => err instanceof HeldError,
+  poll: 100,
+  end: () => Promise.resolve(),
+};
+
+/** A database URL, and where it came from (for messages). */
+export interface Url {
+  /** The URL as given. */
+  text: string;
+  /** Where it came from, as messages name it. */
+  from: "option '--db'" | "RUNLOCK_DATABASE_URL";
+}
+
+/** The database URL: --db=URL, else RUNLOCK_DATABASE_URL, else none. */
+export function databaseUrl(
+  options: Map<string, string | true>,
+): Url | undefined {
+  const given = options.get("db");
+  if (typeof given === "string") {
+    if (given === "") {
+      throw new UsageError("option '--db' needs a URL: --db=postgres://...");
+    }
+    return { text: given, from: "option '--db'" };
+  }
+  // Under Deno, without --allow-env, the variable is not read (no prompt).
+  const variable = "RUNLOCK_DATABASE_URL";
+  if (!granted({ name: "env", variable })) return undefined;
+  const text = process.env[variable];
+  return text ? { text, from: variable } : undefined;
+}
+
+/** This host's name, when it may be read without a prompt. */
+function hostHere(): string {
+  if (!granted({ name: "sys", kind: "hostname" })) return "";
+  try {
+    return hostname();
+  } catch {
+    return "";
+  }
+}
+
+/** The PostgreSQL backend's module, loaded on first use. */
+export function postgres(): Promise<typeof import("../postgres/mod.ts")> {
+  return import("../postgres/mod.ts");
+}
+
+/** Locks on a PostgreSQL database. */
+async function database(url: Url): Promise<Backend> {
+  const pg = await postgres();
+  let locks: ReturnType<typeof pg.pgLocks>;
+  try {
+    locks = pg.pgLocks(url.text);
+  } catch (err) {
+    // A URL that is not postgres://... (its password already blanked).
+    throw new UsageError(`${url.from}: ${(err as Error).message}`);
+  }
+  const here = hostHere();
+  return {
+    async inspect(name) {
+      const i = await locks.inspect(name);
+      // A database record names no boot or PID namespace: the host is all
+      // there is to compare, and only a difference is certain.
+      const elsewhere = i.pid !== 0 && i.host !== "" && here !== "" &&
+        i.host !== here;
+      return {
+        ...i,
+        bootId: "",
+        pidNamespace: "",
+        pidValidHere: elsewhere ? false : undefined,
+        pidElsewhere: elsewhere ? "host" : undefined,
+      };
+    },
+    acquire: (name, options) => locks.acquire(name, options),
+    // The class that module re-exports, which is runlock's own (one copy
+    // under Deno; the npm build keeps it one copy too).
+    isHeld: (err): err is Error =>
+      err instanceof pg.HeldError || err instanceof HeldError,
+    poll: 250,
+    end: () => locks.end(),
+  };
+}
+
+/** The backend the options ask for. */
+export function backend(url: Url | undefined): Promise<Backend> {
+  return url === undefined ? Promise.resolve(files) : database(url);
+}

@@ -1,0 +1,119 @@
+/**
+ * What the commands say about a lock: the one-line state, the warning for a
+ * PID that does not mean the same process here, JSON, and times.
+ *
+ * @module
+ */
+
+import type { Inspection } from "../../mod.ts";
+
+/**
+ * What the commands print about a lock: a file lock's Inspection, or a
+ * PostgreSQL lock's, completed to the same fields (plus `fence` and
+ * `backendPid`).
+ */
+export type Info = Inspection & { fence?: bigint; backendPid?: number };
+
+/** `text` cut to `max` characters (code points), ending in "…" if cut. */
+export function clip(text: string, max: number): string {
+  const chars = [...text];
+  return chars.length <= max ? text : chars.slice(0, max - 1).join("") + "…";
+}
+
+/** A time in the past as "7s ago", "3m ago", "2h ago", "4d ago". */
+export function ago(ms: number): string {
+  const s = Math.max(0, Math.round(ms / 1000));
+  if (s < 60) return `${s}s ago`;
+  if (s < 3600) return `${Math.floor(s / 60)}m ago`;
+  if (s < 86400) return `${Math.floor(s / 3600)}h ago`;
+  return `${Math.floor(s / 86400)}d ago`;
+}
+
+/** A duration as "7s", "3m05s", "2h04m". */
+export function elapsed(ms: number): string {
+  const s = Math.max(0, Math.floor(ms / 1000));
+  const pad = (n: number) => String(n).padStart(2, "0");
+  if (s < 60) return `${s}s`;
+  if (s < 3600) return `${Math.floor(s / 60)}m${pad(s % 60)}s`;
+  return `${Math.floor(s / 3600)}h${pad(Math.floor(s / 60) % 60)}m`;
+}
+
+/** A local time as "09:52:11", with the date when it is not today. */
+function clock(date: Date, now: Date): string {
+  const pad = (n: number) => String(n).padStart(2, "0");
+  const time = `${pad(date.getHours())}:${pad(date.getMinutes())}:${
+    pad(date.getSeconds())
+  }`;
+  if (date.toDateString() === now.toDateString()) return time;
+  return `${date.getFullYear()}-${pad(date.getMonth() + 1)}-${
+    pad(date.getDate())
+  } ${time}`;
+}
+
+/** One line describing a lock, as `runlock status` prints it. */
+export function describeState(info: Info, now: Date = new Date()): string {
+  const cmd = info.meta.cmd ? `: ${info.meta.cmd}` : "";
+  switch (info.state) {
+    case "free":
+      return "free";
+    case "held": {
+      if (info.pid === 0) {
+        // A PostgreSQL key held by a session that is not runlock's.
+        if (info.backendPid !== undefined && info.reason) return info.reason;
+        return "held by a process that wrote no pid (flock(1) or similar)";
+      }
+      let line = `held by pid ${info.pid}`;
+      if (info.host) line += ` on ${info.host}`;
+      if (info.started) {
+        line += ` since ${clock(info.started, now)} (${
+          ago(now.getTime() - info.started.getTime())
+        })`;
+      }
+      if (info.foreign) {
+        line += " (a plain pidfile: liveness from kill(pid, 0))";
+      }
+      return line + cmd;
+    }
+    case "stale":
+      return info.pid === 0
+        ? "stale: an empty lock file that nobody holds"
+        : `stale: last holder pid ${info.pid} is gone${cmd}`;
+    case "invalid":
+      return `invalid: ${info.path}: ${info.reason}`;
+  }
+}
+
+/**
+ * Why the recorded PID must not be used from here, or undefined when it
+ * may (or when nothing says otherwise).
+ */
+export function pidWarning(info: Info): string | undefined {
+  if (info.pidValidHere !== false || info.pid === 0) return undefined;
+  const pid = info.pid;
+  const kill = `\`kill ${pid}\` here would hit another process`;
+  switch (info.pidElsewhere) {
+    case "namespace":
+      return `pid ${pid} belongs to another PID namespace (a container): ${kill}`;
+    case "boot":
+      // A held lock from an earlier boot of this machine is impossible (its
+      // flock died with that boot); a live one is another kernel's.
+      return `pid ${pid} was recorded under another boot of a kernel (another machine sharing this file, or an earlier boot of this one): ${kill}`;
+    case "host":
+      return `pid ${pid} is a process on ${info.host}, not on this host (another machine, or a container with a host name of its own): ${kill}`;
+    default:
+      return `pid ${pid} does not name the same process here: ${kill}`;
+  }
+}
+
+/** An Info as JSON: dates as ISO strings, bigints as strings, no undefined. */
+export function toJson(info: Info): Record<string, unknown> {
+  const json: Record<string, unknown> = {
+    ...info,
+    started: info.started?.toISOString() ?? null,
+    reason: info.reason ?? null,
+    pidValidHere: info.pidValidHere ?? null,
+    pidElsewhere: info.pidElsewhere ?? null,
+  };
+  if ("fence" in info) json.fence = info.fence?.toString() ?? null;
+  return json;
+}

@@ -1,0 +1,69 @@
+/**
+ * The usage and `--help` texts, put together from what each command says
+ * of itself ({@linkcode Command}).
+ *
+ * @module
+ */
+
+import { VERSION } from "../version.ts";
+import type { CliIo } from "./_io.ts";
+
+/** One `runlock` command: its name, how it is written, what it does. */
+export interface Command {
+  /** The word after `runlock`. */
+  name: string;
+  /**
+   * How it is written, from "runlock": one line, or more whose
+   * continuations are indented under the command's options.
+   */
+  usage: string;
+  /** What it does, for `--help`: lines without indentation. */
+  help: string;
+  /** Runs it with the words after its name; returns the exit code. */
+  run(args: string[], io: CliIo): Promise<number>;
+}
+
+/** Every line of `text`, prefixed with `indent` (blank lines stay blank). */
+function indent(text: string, first: string, rest = first): string {
+  return text.split("\n").map((line, i) =>
+    line === "" ? "" : (i === 0 ? first : rest) + line
+  ).join("\n");
+}
+
+/** The usage lines of `commands`, indented under "usage:". */
+function usageOf(commands: readonly Command[]): string {
+  return `usage:\n${commands.map((c) => indent(c.usage, "  ")).join("\n")}`;
+}
+
+/** The usage lines of every command, as usage errors print them. */
+export function usage(commands: readonly Command[]): string {
+  return `${usageOf(commands)}\n  runlock --help | --version`;
+}
+
+/** `runlock --help`: every command and option, PostgreSQL, exit codes. */
+export function help(commands: readonly Command[]): string {
+  const described = commands.map((c) =>
+    indent(c.help, `  ${c.name.padEnd(8)} `, " ".repeat(11))
+  ).join("\n");
+  return `runlock ${VERSION}: one run at a time per lock file, and everyone can see who.
+
+${usage(commands)}
+
+commands:
+${described}
+
+  On a terminal, run --wait and wait keep one updating line on stderr: who
+  holds the lock, what it runs, and how long runlock has waited. Nothing of
+  that when stderr is not a terminal.
+
+PostgreSQL (--db=URL, or RUNLOCK_DATABASE_URL for status, run and wait):
+  the positional argument is a lock name (sync/main), held through a
+  database session on postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE, for
+  runs on several hosts. Same output, JSON and exit codes (status --json
+  adds fence and backendPid); run holds the session while the command runs.
+  The URL is never printed. ls has no PostgreSQL form.
+
+exit codes: 0 ok/held, 1 free/stale/timeout, 2 usage or error, 75 held by
+another run (run), 126/127 command not executable/not found; run otherwise
+exits with the command's code, also after a lost lock (stderr says so).`;
+}

@@ -1,0 +1,117 @@
+/**
+ * Where the commands write: {@linkcode CliIo}, the default on stdout and
+ * stderr, and the updating "waiting" line on a terminal.
+ *
+ * @module
+ */
+
+import process from "node:process";
+import { clip, describeState, elapsed, type Info } from "./_format.ts";
+
+/**
+ * Where {@linkcode main} writes: one line per call, without the newline.
+ *
+ * @example Capturing what the command prints
+ * ```ts
+ * import { type CliIo, main } from "@runlock/runlock/cli";
+ * import assert from "node:assert/strict";
+ *
+ * const out: string[] = [];
+ * const io: CliIo = { out: (t) => out.push(t), err: () => {} };
+ * assert.equal(await main(["--version"], io), 0);
+ * assert.match(out[0], /^runlock \d+\.\d+\.\d+$/);
+ * ```
+ */
+export interface CliIo {
+  /** The answer (stdout). */
+  out(text: string): void;
+  /** Messages and errors (stderr). */
+  err(text: string): void;
+  /**
+   * An updating status line while waiting for a lock (who holds it, what
+   * it runs, how long we have waited): each call replaces the previous
+   * line, and `""` clears it. Leave it out where nobody watches a terminal;
+   * the default has it only when stderr is a terminal.
+   */
+  status?(line: string): void;
+}
+
+/** The terminal line `status` last drew (its width, for TERM=dumb). */
+let drawn = 0;
+
+/** stdout and stderr, with the waiting line when stderr is a terminal. */
+export const stdio: CliIo = {
+  out: (text) => process.stdout.write(text + "\n"),
+  err: (text) => process.stderr.write(text + "\n"),
+  ...(process.stderr.isTTY ? { status: drawLine } : {}),
+};
+
+/**
+ * Redraws one line of stderr in place: carriage return, the text (cut to
+ * the terminal's width, so that it never wraps onto a second line that a
+ * carriage return cannot reach), and an erase to the end of the line (or,
+ * on a terminal that knows no escape sequences, spaces over the rest).
+ */
+function drawLine(line: string): void {
+  const width = Math.max(20, (process.stderr.columns || 80) - 1);
+  const text = clip(line, width);
+  const dumb = process.env.TERM === "dumb";
+  const length = [...text].length;
+  process.stderr.write(
+    dumb
+      ? `\r${text}${" ".repeat(Math.max(0, drawn - length))}${
+        line === "" ? "\r" : ""
+      }`
+      : `\r${text}\x1b[K`,
+  );
+  drawn = length;
+}
+
+/**
+ * The updating "waiting" line on a terminal: redrawn when what it says
+ * changes (the waited seconds, the holder), cleared when the wait ends.
+ * Does nothing when `io` has no status line.
+ */
+export class Progress {
+  #io: CliIo;
+  #start = Date.now();
+  #text = "";
+  #done = false;
+
+  /** A line for `io`, which counts the wait from now. */
+  constructor(io: CliIo) {
+    this.#io = io;
+  }
+
+  /** Whether there is a line to draw (a terminal, and not done yet). */
+  get enabled(): boolean {
+    return this.#io.status !== undefined && !this.#done;
+  }
+
+  /** Says who holds the lock now, if that changes the line. */
+  update(info: Info): void {
+    if (!this.enabled || info.state !== "held") return;
+    // Short, and the waited time first: the line is cut to the terminal's
+    // width, what the holder runs matters more than when it started, and
+    // the path is the one the user just typed.
+    const where = info.host ? ` on ${info.host}` : "";
+    const who = info.pid === 0
+      ? describeState(info)
+      : info.meta.cmd
+      ? `pid ${info.pid}${where} runs ${info.meta.cmd}`
+      : `held by pid ${info.pid}${where}`;
+    const text = `runlock: waiting ${
+      elapsed(Date.now() - this.#start)
+    } for the lock: ${who}`;
+    if (text === this.#text) return;
+    this.#text = text;
+    this.#io.status!(text);
+  }
+
+  /** Clears the line, for good. */
+  done(): void {
+    this.#done = true;
+    if (this.#text !== "") this.#io.status!("");
+    this.#text = "";
+  }
+}

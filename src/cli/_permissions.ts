@@ -1,0 +1,19 @@
+/**
+ * What Deno grants the CLI, asked without a prompt (under Node and Bun,
+ * everything).
+ *
+ * @module
+ */
+
+/** Whether Deno grants this (always true under Node and Bun). */
+export function granted(
+  descriptor:
+    | { name: "env"; variable: string }
+    | { name: "sys"; kind: "hostname" },
+): boolean {
+  const deno = (globalThis as {
+    Deno?: { permissions: { querySync(d: unknown): { state: string } } };
+  }).Deno;
+  return deno === undefined ||
+    deno.permissions.querySync(descriptor).state === "granted";
+}

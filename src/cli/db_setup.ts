@@ -1,0 +1,77 @@
+/**
+ * `runlock db-setup`: the SQL that creates the PostgreSQL backend's table
+ * once, with the grants the URL's role needs.
+ *
+ * @module
+ */
+
+import process from "node:process";
+import { parse, UsageError } from "./_args.ts";
+import { databaseUrl, postgres } from "./_backend.ts";
+import type { Command } from "./_help.ts";
+import type { CliIo } from "./_io.ts";
+import { granted } from "./_permissions.ts";
+
+/**
+ * `db-setup`: the SQL that creates the PostgreSQL backend's table once,
+ * with the grants the URL's role needs (pgSetupSql). Connects to nothing:
+ * the URL only names the role.
+ */
+async function dbSetup(args: string[], io: CliIo): Promise<number> {
+  const { options, rest } = parse(args, { db: "value", schema: "value" });
+  if (rest.length > 0) {
+    throw new UsageError(`db-setup: unexpected argument '${rest[0]}'`);
+  }
+  const url = databaseUrl(options);
+  let role: string | undefined;
+  if (url !== undefined) {
+    let user = "";
+    try {
+      // The role the client connects as, as node-postgres works it out:
+      // `?user=`, the URL's user, PGUSER, then the login name; an empty
+      // host (`postgres://app@/db`) is the client's too.
+      let u: URL;
+      try {
+        u = new URL(url.text);
+      } catch {
+        u = new URL(url.text.replace("@/", "@___DUMMY___/"));
+      }
+      if (u.protocol !== "postgres:" && u.protocol !== "postgresql:") {
+        throw new TypeError("not postgres://");
+      }
+      const env = (variable: string) =>
+        granted({ name: "env", variable }) ? process.env[variable] : undefined;
+      user = u.searchParams.get("user") || decodeURIComponent(u.username) ||
+        env("PGUSER") ||
+        env(process.platform === "win32" ? "USERNAME" : "USER") || "";
+    } catch {
+      throw new UsageError(
+        `${url.from}: needs a postgres://USER@HOST/DATABASE URL`,
+      );
+    }
+    role = user === "" ? undefined : user;
+  }
+  const pg = await postgres();
+  let sql: string;
+  try {
+    sql = pg.pgSetupSql({ schema: options.get("schema") as string, role });
+  } catch (err) {
+    throw new UsageError(`db-setup: ${(err as Error).message}`);
+  }
+  io.out(sql.trimEnd());
+  return 0;
+}
+
+/** `runlock db-setup [--db=URL] [--schema=NAME]`. */
+export const dbSetupCommand: Command = {
+  name: "db-setup",
+  usage: "runlock db-setup [--db=URL] [--schema=NAME]",
+  help: `Print the SQL that creates the PostgreSQL backend's table
+(NAME.runlock_locks, default schema public) once, and grants the
+role of --db's URL what it needs to take locks (USAGE on the
+schema; SELECT, INSERT, UPDATE on the table). For a role that may
+not create the table on first use: run the SQL as the schema's
+owner, e.g. runlock db-setup --db=URL | psql OWNER_URL. Connects
+to nothing. Exit 0.`,
+  run: dbSetup,
+};

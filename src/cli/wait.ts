@@ -1,0 +1,57 @@
+/**
+ * `runlock wait`: waits until no live run holds a lock; exit 1 on timeout.
+ *
+ * @module
+ */
+
+import { onePath, parse, seconds } from "./_args.ts";
+import { backend, databaseUrl } from "./_backend.ts";
+import { describeState } from "./_format.ts";
+import type { Command } from "./_help.ts";
+import { type CliIo, Progress } from "./_io.ts";
+
+async function wait(args: string[], io: CliIo): Promise<number> {
+  const { options, rest } = parse(args, { timeout: "value", db: "value" });
+  const timeout = seconds("timeout", options.get("timeout"));
+  const name = onePath(rest, "wait");
+  const locks = await backend(databaseUrl(options));
+  const progress = new Progress(io);
+  try {
+    const deadline = timeout === undefined
+      ? Infinity
+      : Date.now() + timeout * 1000;
+    for (let interval = 5;; interval = Math.min(interval * 2, locks.poll)) {
+      const info = await locks.inspect(name);
+      if (info.state === "invalid") {
+        throw new Error(`${name}: ${info.reason}`);
+      }
+      if (info.state !== "held") return 0;
+      progress.update(info);
+      const left = deadline - Date.now();
+      if (left <= 0) {
+        progress.done();
+        io.err(
+          `runlock: timed out after ${timeout}s: ${name} is still ${
+            describeState(info)
+          }`,
+        );
+        return 1;
+      }
+      await new Promise((resolve) =>
+        setTimeout(resolve, Math.min(interval, left))
+      );
+    }
+  } finally {
+    progress.done();
+    await locks.end();
+  }
+}
+
+/** `runlock wait [--timeout=SECONDS] [--db=URL] [--] <path|name>`. */
+export const waitCommand: Command = {
+  name: "wait",
+  usage: "runlock wait [--timeout=SECONDS] [--db=URL] [--] <path|name>",
+  help: `Wait until no live run holds the lock. Exit 0 then, 1 on timeout
+(saying on stderr who still holds it).`,
+  run: wait,
+};
