@@ -27,8 +27,8 @@
  */
 
 import process from "node:process";
-import { EX_USAGE, UsageError } from "./cli/_args.ts";
-import { type Command, help, usage } from "./cli/_help.ts";
+import { EX_USAGE, HelpWanted, UsageError } from "./cli/_args.ts";
+import { type Command, commandHelp, help, usage } from "./cli/_help.ts";
 import { type CliIo, stdio } from "./cli/_io.ts";
 import { dbSetupCommand } from "./cli/db_setup.ts";
 import { lsCommand } from "./cli/ls.ts";
@@ -91,9 +91,12 @@ export async function main(args: string[], io: CliIo = stdio): Promise<number> {
     switch (command) {
       case "--help":
       case "-h":
-      case "help":
-        io.out(help(COMMANDS));
+      case "help": {
+        // `help run` is `run --help`.
+        const about = COMMANDS.find((c) => c.name === rest[0]);
+        io.out(about ? commandHelp(about) : help(COMMANDS));
         return 0;
+      }
       case "--version":
       case "-V":
         io.out(`runlock ${VERSION}`);
@@ -104,6 +107,10 @@ export async function main(args: string[], io: CliIo = stdio): Promise<number> {
         throw new UsageError(`unknown command '${command}'`);
     }
   } catch (err) {
+    if (err instanceof HelpWanted && found) {
+      io.out(commandHelp(found));
+      return 0;
+    }
     if (err instanceof UsageError) {
       io.err(`runlock: ${err.message}\n${usage(COMMANDS)}`);
       return EX_USAGE;

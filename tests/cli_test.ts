@@ -1313,6 +1313,58 @@ describe("usage", () => {
     });
   }
 
+  test("'COMMAND --help' (or -h, or 'help COMMAND') prints that command's usage and help on stdout, exit 0; after run's '--' it is the command's", () => {
+    const says: Record<string, RegExp> = {
+      status: /Print who holds the lock/,
+      run: /Take the lock, run the command/,
+      wait: /Wait until no live run holds the lock/,
+      ls: /One line per lock file in <dir>/,
+      "db-setup": /Print the SQL that creates/,
+    };
+    for (
+      const args of [
+        ["status", "--help"],
+        ["run", "--help"],
+        ["wait", "--help"],
+        ["ls", "--help"],
+        ["db-setup", "--help"],
+        ["status", "-h"],
+        ["status", "--json", "--help"],
+        ["help", "run"],
+      ]
+    ) {
+      const name = args[0] === "help" ? args[1] : args[0];
+      const r = cli(...args);
+      const what = args.join(" ");
+      assert.equal(r.code, 0, `${what}: ${r.stderr}`);
+      assert.equal(r.stderr, "", what);
+      assert.match(r.stdout, new RegExp(`^usage:\\n  runlock ${name} `), what);
+      assert.match(r.stdout, says[name], what);
+      assert.doesNotMatch(
+        r.stdout,
+        /^commands:/m,
+        `${what}: not all of --help`,
+      );
+    }
+    const { dir, cleanup } = tempDir();
+    try {
+      const r = cli(
+        "run",
+        join(dir, "run.lock"),
+        "--",
+        "sh",
+        "-c",
+        'printf "%s\\n" "$1"',
+        "sh",
+        "--help",
+      );
+      assert.equal(r.code, 0, r.stderr);
+      assert.equal(r.stdout, "--help\n", "the command got --help");
+    } finally {
+      cleanup();
+    }
+  });
+
   test("--help describes every command and option, the PostgreSQL form and the exit codes", () => {
     // (Lines wrapped anywhere: compare with the spaces collapsed.)
     const help = cli("--help").stdout.replace(/\s+/g, " ");

@@ -12,6 +12,9 @@ export const EX_USAGE = 2;
 /** A mistake in the command line: printed with the usage, exit 2. */
 export class UsageError extends Error {}
 
+/** `--help` or `-h` among a command's options: its help, exit 0. */
+export class HelpWanted extends Error {}
+
 /**
  * How an option takes its value: "flag" none, "value" after "=",
  * "optional" after "=" or none, "repeat" after "=" or as the next word,
@@ -32,7 +35,8 @@ export interface Parsed {
 /**
  * Parses `--name` and `--name=value` options up to the first non-option.
  * A "repeat" option (`--meta`) may be given several times, and takes its
- * value after "=" or as the next argument.
+ * value after "=" or as the next argument. `--help` and `-h` throw
+ * {@linkcode HelpWanted}.
  */
 export function parse(args: string[], known: Record<string, Kind>): Parsed {
   const options = new Map<string, string | true>();
@@ -41,6 +45,7 @@ export function parse(args: string[], known: Record<string, Kind>): Parsed {
   for (; i < args.length; i++) {
     const arg = args[i];
     if (arg === "--") break;
+    if (arg === "--help" || arg === "-h") throw new HelpWanted();
     if (!arg.startsWith("--")) break;
     const eq = arg.indexOf("=");
     const name = eq < 0 ? arg.slice(2) : arg.slice(2, eq);

@@ -40,6 +40,13 @@ export function usage(commands: readonly Command[]): string {
   return `${usageOf(commands)}\n  runlock --help | --version`;
 }
 
+/** `runlock COMMAND --help`: that command's usage and what it does. */
+export function commandHelp(command: Command): string {
+  return `${
+    usageOf([command])
+  }\n\n${command.help}\n\nrunlock --help: every command, the PostgreSQL form (--db=URL), exit codes.`;
+}
+
 /** `runlock --help`: every command and option, PostgreSQL, exit codes. */
 export function help(commands: readonly Command[]): string {
   const described = commands.map((c) =>
