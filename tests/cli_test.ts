@@ -508,6 +508,34 @@ describe("runlock run", () => {
     }
   });
 
+  test("a path that starts with '-' is refused before '--', as --help says: 'run -x.lock -- cmd' runs nothing and makes no lock", () => {
+    const { dir, cleanup } = tempDir();
+    try {
+      for (
+        const args of [
+          ["run", "-x.lock", "--", "touch", "ran"],
+          ["run", "--wait=1", "-x.lock", "--", "touch", "ran"],
+          ["wait", "-x.lock"],
+        ]
+      ) {
+        const r = cliIn(dir, ...args);
+        assert.equal(r.code, 2, `${args.join(" ")}: ${r.stderr}`);
+        assert.equal(r.stdout, "");
+        assert.match(
+          r.stderr,
+          new RegExp(
+            `^runlock: unknown option '-x\\.lock' \\(a path that starts with "-" goes after "--": runlock ${
+              args[0]
+            } -- -x\\.lock \\.\\.\\.\\)\n`,
+          ),
+        );
+      }
+      assert.deepEqual(readdirSync(dir), [], "no lock, and touch never ran");
+    } finally {
+      cleanup();
+    }
+  });
+
   test("messages read well when the record has no host: 'pid N since ...', 'as pid N; wait for it or stop it'", async () => {
     const { dir, cleanup } = tempDir();
     const path = join(dir, "run.lock");
@@ -1295,6 +1323,17 @@ describe("usage", () => {
       ["status", "--db=mysql://u:pw@db/x", "x"],
       /option '--db': .*postgres:\/\/.*"mysql:\/\/u:\*\*\*@db\/x"/,
     ],
+    [
+      "a single-dash unknown option, which is no lock path",
+      ["status", "-j"],
+      /unknown option '-j'/,
+    ],
+    [
+      "a single-dash unknown option before the path",
+      ["status", "-j", "x.lock"],
+      /unknown option '-j'/,
+    ],
+    ["a single-dash option of ls", ["ls", "-r", "."], /unknown option '-r'/],
     ["ls without a directory", ["ls"], /ls: missing <dir>/],
     [
       "ls --db",

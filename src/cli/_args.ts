@@ -33,12 +33,20 @@ export interface Parsed {
 }
 
 /**
- * Parses `--name` and `--name=value` options up to the first non-option.
- * A "repeat" option (`--meta`) may be given several times, and takes its
- * value after "=" or as the next argument. `--help` and `-h` throw
- * {@linkcode HelpWanted}.
+ * Parses `--name` and `--name=value` options up to the first word that
+ * does not start with "-", or a `--`. A "repeat" option (`--meta`) may be
+ * given several times, and takes its value after "=" or as the next
+ * argument. `--help` and `-h` throw {@linkcode HelpWanted}.
+ *
+ * Every other word that starts with "-" is an unknown option, a single
+ * dash too (`-j`): never a path, which would then be a lock file named
+ * `-j` (`command` names the command whose path goes after "--" then).
  */
-export function parse(args: string[], known: Record<string, Kind>): Parsed {
+export function parse(
+  args: string[],
+  known: Record<string, Kind>,
+  command?: string,
+): Parsed {
   const options = new Map<string, string | true>();
   const lists = new Map<string, string[]>();
   let i = 0;
@@ -46,7 +54,14 @@ export function parse(args: string[], known: Record<string, Kind>): Parsed {
     const arg = args[i];
     if (arg === "--") break;
     if (arg === "--help" || arg === "-h") throw new HelpWanted();
-    if (!arg.startsWith("--")) break;
+    if (!arg.startsWith("-")) break;
+    if (!arg.startsWith("--")) {
+      throw new UsageError(
+        command === undefined
+          ? `unknown option '${arg}'`
+          : `unknown option '${arg}' (a path that starts with "-" goes after "--": runlock ${command} -- ${arg} ...)`,
+      );
+    }
     const eq = arg.indexOf("=");
     const name = eq < 0 ? arg.slice(2) : arg.slice(2, eq);
     let value = eq < 0 ? undefined : arg.slice(eq + 1);

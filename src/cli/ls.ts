@@ -16,7 +16,7 @@ async function ls(args: string[], io: CliIo): Promise<number> {
     json: "flag",
     recursive: "flag",
     db: "value",
-  });
+  }, "ls");
   if (options.has("db")) {
     throw new UsageError(
       "ls: lists the lock files in a directory; it has no PostgreSQL form " +

@@ -78,7 +78,7 @@ async function run(args: string[], io: CliIo): Promise<number> {
     meta: "repeat",
     "no-cmd": "flag",
     db: "value",
-  });
+  }, "run");
   const waitFor = options.get("wait");
   if (waitFor === true && /^\d+(\.\d*)?$/.test(afterOptions[0] ?? "")) {
     const n = afterOptions[0];

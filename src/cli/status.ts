@@ -12,7 +12,11 @@ import type { Command } from "./_help.ts";
 import type { CliIo } from "./_io.ts";
 
 async function status(args: string[], io: CliIo): Promise<number> {
-  const { options, rest } = parse(args, { json: "flag", db: "value" });
+  const { options, rest } = parse(
+    args,
+    { json: "flag", db: "value" },
+    "status",
+  );
   const name = onePath(rest, "status");
   const locks = await backend(databaseUrl(options));
   try {

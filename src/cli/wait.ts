@@ -11,7 +11,11 @@ import type { Command } from "./_help.ts";
 import { type CliIo, Progress } from "./_io.ts";
 
 async function wait(args: string[], io: CliIo): Promise<number> {
-  const { options, rest } = parse(args, { timeout: "value", db: "value" });
+  const { options, rest } = parse(
+    args,
+    { timeout: "value", db: "value" },
+    "wait",
+  );
   const timeout = seconds("timeout", options.get("timeout"));
   const name = onePath(rest, "wait");
   const locks = await backend(databaseUrl(options));
