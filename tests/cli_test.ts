@@ -508,6 +508,84 @@ describe("runlock run", () => {
     }
   });
 
+  test("a directory at the lock path gets one message, the same from status, run and wait, with or without a trailing '/', and with --json", () => {
+    const { dir, cleanup } = tempDir();
+    try {
+      const path = join(dir, "state");
+      mkdirSync(path);
+      const marker = join(dir, "ran");
+      const said = new Set<string>();
+      for (
+        const args of [
+          ["status", path],
+          ["status", `${path}/`],
+          ["status", "--json", `${path}/`],
+          ["run", path, "--", "touch", marker],
+          ["run", `${path}/`, "--", "touch", marker],
+          ["wait", `${path}/`],
+        ]
+      ) {
+        const r = cli(...args);
+        assert.equal(r.code, 2, `${args.join(" ")}: ${r.stderr}`);
+        assert.equal(r.stdout, "", args.join(" "));
+        said.add(r.stderr);
+      }
+      assert.deepEqual([...said], [
+        `runlock: ${path}: is a directory, not a lock file; runlock leaves it as it is. Choose another path for the lock, such as ${path}/run.lock\n`,
+      ]);
+      assert.equal(existsSync(marker), false, "the command never ran");
+      assert.deepEqual(readdirSync(path), [], "nothing made in it");
+    } finally {
+      cleanup();
+    }
+  });
+
+  test("a lock path under /proc, or through a symlink into it (/dev/fd), is refused at once by run, status and wait: Node's recursive mkdir would loop there forever", () => {
+    const { dir, cleanup } = tempDir();
+    try {
+      const marker = join(dir, "ran");
+      for (
+        const path of [
+          `/proc/runlock-test-${process.pid}/run.lock`,
+          `/dev/fd/runlock-test-${process.pid}/run.lock`,
+          "/proc/self/run.lock",
+        ]
+      ) {
+        for (
+          const args of [
+            ["run", path, "--", "touch", marker],
+            ["status", path],
+            ["wait", "--timeout=0", path],
+          ]
+        ) {
+          // (Before the fix, run spun at 100% CPU on Node, deaf to
+          // SIGTERM: a SIGKILL through the handle ends it.)
+          const r = spawnSync(cmd, [...pre, ...args], {
+            encoding: "utf8",
+            timeout: 20_000,
+            killSignal: "SIGKILL",
+          });
+          const what = args.join(" ");
+          assert.equal(r.signal, null, `${what}: still running after 20 s`);
+          assert.equal(r.status, 2, `${what}: ${r.stdout}${r.stderr}`);
+          assert.equal(r.stdout, "", what);
+          assert.match(
+            r.stderr,
+            new RegExp(
+              `^runlock: ${
+                path.replace(/[.]/g, "\\.")
+              }: is on /proc(, as /proc/[^ ]+)?, a virtual filesystem that holds no lock files: choose a lock path on a real filesystem\n$`,
+            ),
+            what,
+          );
+        }
+      }
+      assert.equal(existsSync(marker), false, "the command never ran");
+    } finally {
+      cleanup();
+    }
+  });
+
   test("a path that starts with '-' is refused before '--', as --help says: 'run -x.lock -- cmd' runs nothing and makes no lock", () => {
     const { dir, cleanup } = tempDir();
     try {

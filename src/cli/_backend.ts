@@ -12,6 +12,7 @@ import process from "node:process";
 import { acquire, HeldError, inspect } from "../../mod.ts";
 import { UsageError } from "./_args.ts";
 import type { Info } from "./_format.ts";
+import { checkLockPath } from "./_paths.ts";
 import { granted } from "./_permissions.ts";
 
 /** How often `run` checks that its lock file is still its own (ms). */
@@ -27,6 +28,11 @@ export interface HeldLock {
 
 /** Where the locks are: lock files, or a PostgreSQL database. */
 export interface Backend {
+  /**
+   * Throws when `name` cannot name a lock here (a directory, a path on
+   * /proc), before anything looks at it.
+   */
+  check(name: string): void;
   /** Describes the lock `name` without taking it. */
   inspect(name: string): Promise<Info>;
   /** Takes the lock `name`, waiting up to `timeout` ms. */
@@ -48,6 +54,7 @@ export interface Backend {
 
 /** Lock files, through the library. */
 const files: Backend = {
+  check: checkLockPath,
   inspect,
   // The periodic check is one lstat: every 200 ms, a lost lock is noticed
   // within 200 ms on every runtime (at once where a directory watch runs:
@@ -112,6 +119,8 @@ async function database(url: Url): Promise<Backend> {
   }
   const here = hostHere();
   return {
+    // Any text is a lock name.
+    check: () => {},
     async inspect(name) {
       const i = await locks.inspect(name);
       // A database record names no boot or PID namespace: the host is all

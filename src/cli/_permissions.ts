@@ -9,7 +9,8 @@
 export function granted(
   descriptor:
     | { name: "env"; variable: string }
-    | { name: "sys"; kind: "hostname" },
+    | { name: "sys"; kind: "hostname" }
+    | { name: "read"; path: string },
 ): boolean {
   const deno = (globalThis as {
     Deno?: { permissions: { querySync(d: unknown): { state: string } } };

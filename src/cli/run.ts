@@ -169,6 +169,7 @@ async function run(args: string[], io: CliIo): Promise<number> {
   let locks: Backend | undefined;
   try {
     locks = await backend(url);
+    locks.check(path);
     const lock = await take(locks, path, {
       timeout,
       signal: stop.signal,

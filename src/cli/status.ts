@@ -20,6 +20,7 @@ async function status(args: string[], io: CliIo): Promise<number> {
   const name = onePath(rest, "status");
   const locks = await backend(databaseUrl(options));
   try {
+    locks.check(name);
     const info = await locks.inspect(name);
     if (options.has("json")) {
       io.out(JSON.stringify(toJson(info)));

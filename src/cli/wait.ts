@@ -21,6 +21,7 @@ async function wait(args: string[], io: CliIo): Promise<number> {
   const locks = await backend(databaseUrl(options));
   const progress = new Progress(io);
   try {
+    locks.check(name);
     const deadline = timeout === undefined
       ? Infinity
       : Date.now() + timeout * 1000;
