@@ -33,6 +33,11 @@ import { deadPid, delay, holder, runtime, tempDir } from "./_helpers.ts";
 
 const [cmd, ...pre] = cliCommand();
 
+/** The clone: src/cli.ts and deno.json, for the Deno-only tests. */
+const CLONE = join(new URL(".", import.meta.url).pathname, "..");
+/** src/cli.ts, for the tests that run it under Deno with chosen flags. */
+const CLI_SOURCE = join(CLONE, "src", "cli.ts");
+
 /**
  * A command that counts the signals it gets (tests/fixtures/tty_child.py),
  * under `startWithInput`: it reads lines from the test ("report", "die")
@@ -227,6 +232,42 @@ describe("runlock status", () => {
       cleanup();
     }
   });
+
+  test(
+    "a plain pidfile under Deno without --allow-run: status says that it could not check whether the pid is alive, and that --allow-run lets it",
+    { skip: cliRuntime !== "deno" && "Deno's permissions only" },
+    () => {
+      const { dir, cleanup } = tempDir();
+      try {
+        const path = join(dir, "app.pid");
+        // This test's own pid: alive, so only a missing grant can make
+        // kill(pid, 0) unanswerable.
+        writeFileSync(path, `${process.pid}\n`);
+        const status = (...flags: string[]) =>
+          spawnSync(
+            process.execPath,
+            ["run", "--quiet", ...flags, CLI_SOURCE, "status", path],
+            { encoding: "utf8" },
+          );
+        const without = status(`--allow-read=${dir}`);
+        assert.equal(without.status, 0, without.stderr);
+        assert.match(
+          without.stdout,
+          new RegExp(
+            `^held by pid ${process.pid} \\(a plain pidfile: runlock could not check that pid ${process.pid} is alive, as Deno needs --allow-run for kill\\(pid, 0\\); counted as held\\)\n$`,
+          ),
+        );
+        const granted = status(`--allow-read=${dir}`, "--allow-run");
+        assert.equal(granted.status, 0, granted.stderr);
+        assert.equal(
+          granted.stdout,
+          `held by pid ${process.pid} (a plain pidfile: liveness from kill(pid, 0))\n`,
+        );
+      } finally {
+        cleanup();
+      }
+    },
+  );
 });
 
 describe("runlock run", () => {

@@ -6,6 +6,7 @@
  */
 
 import type { Inspection } from "../../mod.ts";
+import { granted } from "./_permissions.ts";
 
 /**
  * What the commands print about a lock: a file lock's Inspection, or a
@@ -70,7 +71,11 @@ export function describeState(info: Info, now: Date = new Date()): string {
         })`;
       }
       if (info.foreign) {
-        line += " (a plain pidfile: liveness from kill(pid, 0))";
+        // Under Deno, kill(pid, 0) needs --allow-run: without it, the
+        // library could not look, and counts the file as held.
+        line += granted({ name: "run" })
+          ? " (a plain pidfile: liveness from kill(pid, 0))"
+          : ` (a plain pidfile: runlock could not check that pid ${info.pid} is alive, as Deno needs --allow-run for kill(pid, 0); counted as held)`;
       }
       return line + cmd;
     }

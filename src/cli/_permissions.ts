@@ -10,6 +10,7 @@ export function granted(
   descriptor:
     | { name: "env"; variable: string }
     | { name: "sys"; kind: "hostname" }
+    | { name: "run" }
     | { name: "read"; path: string },
 ): boolean {
   const deno = (globalThis as {
