@@ -15,7 +15,7 @@ import {
   writeFileSync,
 } from "node:fs";
 import { constants, hostname } from "node:os";
-import { join } from "node:path";
+import { dirname, join } from "node:path";
 import process from "node:process";
 import { describe, test } from "node:test";
 import {
@@ -37,6 +37,19 @@ const [cmd, ...pre] = cliCommand();
 const CLONE = join(new URL(".", import.meta.url).pathname, "..");
 /** src/cli.ts, for the tests that run it under Deno with chosen flags. */
 const CLI_SOURCE = join(CLONE, "src", "cli.ts");
+
+/**
+ * The `runlock` command for Deno users, as the docs give it (from the
+ * clone): `deno install -g --name runlock` with these flags and
+ * src/cli.ts; `--allow-net` added for --db.
+ */
+const INSTALL_FLAGS = [
+  "--allow-read",
+  "--allow-write",
+  "--allow-sys=hostname",
+  "--allow-run",
+  "--allow-env",
+];
 
 /**
  * A command that counts the signals it gets (tests/fixtures/tty_child.py),
@@ -1356,6 +1369,62 @@ describe("runlock wait", () => {
       cleanup();
     }
   });
+});
+
+describe("runlock installed for Deno", () => {
+  test(
+    "'deno install -g --name runlock' of src/cli.ts, with the permissions the docs give, makes a runlock command: status answers, run records the host; with --allow-net, --db finds its client",
+    { skip: cliRuntime !== "deno" && "deno install: Deno only" },
+    () => {
+      const { dir, cleanup } = tempDir();
+      try {
+        const root = join(dir, "root");
+        const install = (...extra: string[]) => {
+          const r = spawnSync(process.execPath, [
+            "install",
+            "-g",
+            "-f",
+            "--root",
+            root,
+            "--name",
+            "runlock",
+            ...INSTALL_FLAGS,
+            ...extra,
+            CLI_SOURCE,
+          ], { encoding: "utf8" });
+          assert.equal(r.status, 0, r.stderr);
+        };
+        // The installed script runs `deno` from PATH: this test's.
+        const env = {
+          ...process.env,
+          PATH: `${dirname(process.execPath)}:${process.env.PATH}`,
+        };
+        const runlock = (...args: string[]) =>
+          spawnSync(join(root, "bin", "runlock"), args, {
+            encoding: "utf8",
+            env,
+            cwd: dir,
+          });
+        install();
+        const free = runlock("status", "run.lock");
+        assert.equal(free.status, 1, free.stderr);
+        assert.equal(free.stdout, "free\n");
+        const ran = runlock("run", "run.lock", "--", "cat", "run.lock");
+        assert.equal(ran.status, 0, ran.stderr);
+        assert.match(ran.stdout, /^\d+\nrunlock 1\n/);
+        assert.match(ran.stdout, new RegExp(`^host=${hostname()}$`, "m"));
+        assert.equal(runlock("status", "run.lock").stdout, "free\n");
+        // With --db: no server needed to see that the client loads (port 1
+        // refuses at once).
+        install("--allow-net=127.0.0.1:1");
+        const db = runlock("status", "--db=postgres://u@127.0.0.1:1/db", "x");
+        assert.equal(db.status, 2);
+        assert.match(db.stderr, /cannot connect to PostgreSQL .*refused/);
+      } finally {
+        cleanup();
+      }
+    },
+  );
 });
 
 describe("usage", () => {
