@@ -19,7 +19,6 @@ import {
   foreignAlive,
   type HeldBy,
   heldHere,
-  inodeKey,
   invalidOpen,
   liveness,
   mapError,
@@ -116,7 +115,7 @@ export function contend(target: Target): Verdict {
   if (handle === "ENOENT") return RETRY; // gone meanwhile
   try {
     const ours = handle.stat();
-    const since = heldHere.get(inodeKey(ours));
+    const since = heldHere.get(ours);
     if (since !== undefined) {
       throw new HeldError(target.path, p.pid, p.hostname(), {
         started: since,

@@ -12,7 +12,6 @@ import {
   type HeldBy,
   heldHere,
   identityHere,
-  inodeKey,
   lockPath,
   mapError,
   type RecordTemplate,
@@ -185,7 +184,7 @@ class RunLock implements Lock {
     this.#target = target;
     this.#handle = acquired.handle;
     this.#id = acquired.id;
-    heldHere.set(inodeKey(acquired.id), acquired.started);
+    heldHere.set(acquired.id, acquired.started);
     // checkInterval 0: the lock never looks at its file on its own (no
     // check, no watch); only release() finds a loss.
     if (checkInterval === 0) return;
@@ -335,7 +334,7 @@ class RunLock implements Lock {
     if (handle === undefined) return;
     this.#stopWatching();
     this.#handle = undefined;
-    heldHere.delete(inodeKey(this.#id));
+    heldHere.delete(this.#id);
     const target = this.#target;
     let lost: string | undefined;
     try {
