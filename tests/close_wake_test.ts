@@ -261,6 +261,40 @@ describe("waiters wake on their holder's close", { skip: skip() }, () => {
     }
   });
 
+  test("a Node waiter's close watch waits in one poll while nothing happens (none re-issued each second: each is a wake-up of the waiting process)", async (t) => {
+    if (runtime !== "node") {
+      t.skip("Node only: Bun's event loop waits for the descriptor itself");
+      return;
+    }
+    const { dir, cleanup } = tempDir();
+    try {
+      const path = join(dir, "run.lock");
+      const holder = await pyHolder(path);
+      try {
+        const trace = join(dir, "trace");
+        // 3.5 s of waiting, with nothing happening to the lock file.
+        const waiter = tracedWaiter(trace, [path, "3500", "1"]);
+        await waiter.expect("waiting");
+        await waiter.expect("held");
+        await waiter.expect("done");
+        assert.equal((await waiter.exited).code, 0, waiter.stderr.join(""));
+        const { adds, lines } = closeWatches(
+          readFileSync(trace, "utf8"),
+          "run.lock",
+        );
+        assert.equal(adds.length, 1, "one close watch");
+        const polls = lines.filter((l) =>
+          l.includes(`poll([{fd=${adds[0].fd}, events=POLLIN}`)
+        );
+        assert.equal(polls.length, 1, polls.join("\n"));
+      } finally {
+        await holder.kill();
+      }
+    } finally {
+      cleanup();
+    }
+  });
+
   test("a waiter's timeout and abort still end its wait, and the process then ends on its own", async () => {
     const { dir, cleanup } = tempDir();
     try {

@@ -36,8 +36,14 @@ const IN_IGNORED = 0x8000;
 const IN_DONT_FOLLOW = 0x2000000;
 const NONBLOCK = 0o4000;
 const CLOEXEC = 0o2000000;
-/** How long one wait on Node's pool thread lasts (ms) before it is re-issued. */
-const POLL_MS = 1000;
+/**
+ * How long one wait on Node's pool thread lasts (ms) before it is
+ * re-issued. A bound, not a schedule: the eventfd ends a wait at once when
+ * the last listener goes and at exit, and each re-issue is a wake-up of the
+ * process (a pool thread, then the main thread: ~1 ms of CPU per second per
+ * waiting process when it was 1 s).
+ */
+const POLL_MS = 30_000;
 
 /** The calls this module needs, with libc's conventions (-1 on failure). */
 interface Calls {
