@@ -294,37 +294,60 @@ rmSync(pgTree, { recursive: true, force: true });
 // in-process. It imports the library through the package's own name
 // (external), so that a program importing both "runlock" and "runlock/cli"
 // has one copy of the library and its per-process state; likewise the
-// PostgreSQL backend (loaded by --db only) as "runlock/postgres".
-const cliSource = readFileSync(join(tscOut, "src", "cli.js"), "utf8");
+// PostgreSQL backend (loaded by --db only) as "runlock/postgres". The CLI
+// is src/cli.js and src/cli/*.js: in a copy of those (and of version.js),
+// every import of mod.js, whoever makes it, becomes "runlock", and every
+// import() of src/postgres/mod.js "runlock/postgres".
+const libraryModule = join(tscOut, "mod.js");
+const pgModule = join(tscOut, "src", "postgres", "mod.js");
+const versionModule = join(tscOut, "src", "version.js");
+const cliDir = join(tscOut, "src", "cli");
+const cliFiles = [
+  join(tscOut, "src", "cli.js"),
+  ...walk(cliDir).filter((f) => f.endsWith(".js")),
+  versionModule,
+];
 for (const [format, file] of [["esm", "cli.js"], ["cjs", "cli.cjs"]] as const) {
-  const lib = join(tscOut, "src", `cli.lib.${format}.js`);
-  const text = cliSource
-    .replace(/from ["']\.\.\/mod\.js["']/, 'from "runlock"')
-    .replace(
-      /import\(["']\.\/postgres\/mod\.js["']\)/g,
-      // esbuild keeps import() in CommonJS output, and Node's import()
-      // takes the package's "import" condition: a CommonJS program would
-      // get the ES module copy of the library beside its own. require()
-      // keeps it on the CommonJS copy.
-      format === "esm"
-        ? 'import("runlock/postgres")'
-        : 'Promise.resolve().then(() => require("runlock/postgres"))',
-    );
-  // Anything else relative but ./version.js (a constant) would be a second
-  // copy of library code in this bundle.
-  const unmapped = [
-    ...text.matchAll(/(?:from |import\()["'](\.{1,2}\/[^"']+)["']/g),
-  ]
-    .map(([, spec]) => spec)
-    .filter((spec) => spec !== "./version.js");
-  if (unmapped.length > 0) {
-    throw new Error(
-      `src/cli.ts imports ${
-        unmapped.join(", ")
-      }: map it for "runlock/cli" in scripts/build_npm.ts`,
-    );
+  const cliTree = join(out, `.tsc-cli-${format}`);
+  for (const source of cliFiles) {
+    const target = (spec: string) => join(dirname(source), spec);
+    const text = readFileSync(source, "utf8")
+      .replace(
+        /from (["'])(\.{1,2}\/[^"']+)\1/g,
+        (m, _q, spec) => target(spec) === libraryModule ? 'from "runlock"' : m,
+      )
+      .replace(
+        /import\((["'])(\.{1,2}\/[^"']+)\1\)/g,
+        (m, _q, spec) =>
+          target(spec) !== pgModule
+            ? m
+            // esbuild keeps import() in CommonJS output, and Node's import()
+            // takes the package's "import" condition: a CommonJS program
+            // would get the ES module copy of the library beside its own.
+            // require() keeps it on the CommonJS copy.
+            : format === "esm"
+            ? 'import("runlock/postgres")'
+            : 'Promise.resolve().then(() => require("runlock/postgres"))',
+      );
+    // Anything else relative but the CLI's own files and version.js (a
+    // constant) would be a second copy of library code in this bundle.
+    const unmapped = [
+      ...text.matchAll(/(?:from |import\()["'](\.{1,2}\/[^"']+)["']/g),
+    ]
+      .map(([, spec]) => spec)
+      .filter((spec) =>
+        target(spec) !== versionModule && !target(spec).startsWith(cliDir + "/")
+      );
+    if (unmapped.length > 0) {
+      throw new Error(
+        `${relative(tscOut, source)} imports ${
+          unmapped.join(", ")
+        }: map it for "runlock/cli" in scripts/build_npm.ts`,
+      );
+    }
+    write(join(cliTree, relative(tscOut, source)), text);
   }
-  write(lib, text);
+  const lib = join(cliTree, "src", "cli.js");
   bundle(
     format,
     lib,
@@ -341,6 +364,7 @@ for (const [format, file] of [["esm", "cli.js"], ["cjs", "cli.cjs"]] as const) {
   if (/\bclass (HeldError|PgLock|KeyCollisionError)\b/.test(code)) {
     throw new Error(`${format}/${file} bundles the library or the backend`);
   }
+  rmSync(cliTree, { recursive: true, force: true });
 }
 
 // The `runlock` bin: the CLI and the library in one ES module file. The
