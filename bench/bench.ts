@@ -581,14 +581,34 @@ async function handoff(): Promise<void> {
           : kind === "kill"
           ? killSamples
           : samples;
-        const { ms } = await w.request({
+        const { ms, floorMs } = await w.request({
           cmd: "handoff",
           kind,
           lib,
           path: join(dir, `${name}-${lib}-${kind}.lock`),
           samples: n,
           settle: 20,
+          floor: kind === "kill" && lib === "runlock"
+            ? floor.binary
+            : undefined,
         });
+        if (floorMs?.length) {
+          rows.push({
+            id: `${name}:floor:kill`,
+            label:
+              `${who}: C floor, a C waiter in flock(LOCK_EX), after SIGKILL`,
+            kind: "floor",
+            runtime: name,
+            unit: "ms",
+            best: round3(Math.min(...floorMs)),
+            median: round3(median(floorMs)),
+            extra: {
+              kind,
+              samples: floorMs.map(round3),
+              max: round3(Math.max(...floorMs)),
+            },
+          });
+        }
         rows.push({
           id: `${name}:${lib}:${kind}`,
           label: `${label}, after ${kind === "kill" ? "SIGKILL" : "release"}`,
@@ -612,7 +632,7 @@ async function handoff(): Promise<void> {
     title: "hand-off latency (median of samples; waiter in another process)",
     rows,
     note:
-      `release: from the waiter's "release" request to the holder process until the waiter's acquire resolves (an upper bound: it includes the holder's wake-up); kill: from SIGKILL of the holder. proper-lockfile waits with retries every 1-10 ms (runlock's poll bounds) and stale: 2000 ms, its minimum (default 10 s); a SIGKILLed holder's kernel teardown (2-4 ms for a Node or Deno process) is part of every "kill" figure`,
+      `release: from the waiter's "release" request to the holder process until the waiter's acquire resolves (an upper bound: it includes the holder's wake-up); kill: from SIGKILL of the holder. proper-lockfile waits with retries every 1-10 ms (runlock's poll bounds) and stale: 2000 ms, its minimum (default 10 s); a SIGKILLed holder's kernel teardown is part of every "kill" figure: the kernel closes a dying process's files only after tearing down its address space, so the C floor (the same runtime's holder, SIGKILLed while a C process waits in flock(LOCK_EX) on its file, its samples interleaved with runlock's) is the physical floor of a hand-off after SIGKILL`,
   });
 }
 

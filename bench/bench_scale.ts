@@ -20,7 +20,7 @@
 // early on a time budget (a slow build must not take the run hostage): a
 // many-locks run that stopped short counts as a miss.
 import { spawn, spawnSync } from "node:child_process";
-import { mkdirSync, writeFileSync } from "node:fs";
+import { mkdirSync, readdirSync, readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import process from "node:process";
 import { createInterface } from "node:readline";
@@ -78,6 +78,14 @@ export interface ScaleSection {
     cpuMsEach: { median: number; max: number };
     /** The control's CPU: as many processes asleep on a timer as long. */
     idleCpuSeconds: number;
+    /**
+     * Of `cpuSeconds`, the first 0.5 s of each wait (read from
+     * /proc/<pid>/task/<tid>/schedstat, Linux): the per-process set-up
+     * (FFI, inotify, the watch's first use), the first attempt, the
+     * watches and the first looks. The rest is waiting.
+     */
+    startCpuSeconds?: number;
+    idleStartCpuSeconds?: number;
     overshootMs: { median: number; p90: number; worst: number };
     outcomes: Record<string, number>;
   }>;
@@ -128,6 +136,25 @@ const json = (x: unknown) => JSON.stringify(x);
 
 /** How far apart the waiters start (so that their timeouts fire apart). */
 const STAGGER_MS = 20;
+/** The first part of a wait whose CPU is reported apart (start-up). */
+const START_MS = 500;
+
+/** CPU ms of every thread of `pid` so far, or NaN (not Linux, gone). */
+function threadsCpuMs(pid: number | undefined): number {
+  try {
+    let ns = 0;
+    for (const tid of readdirSync(`/proc/${pid}/task`)) {
+      ns += Number(
+        readFileSync(`/proc/${pid}/task/${tid}/schedstat`, "utf8").split(
+          " ",
+        )[0],
+      );
+    }
+    return ns / 1e6;
+  } catch {
+    return NaN;
+  }
+}
 
 async function newName(ctx: ScaleContext, s: ScaleSection): Promise<void> {
   const full = join(ctx.benchDir, "scale-full");
@@ -248,13 +275,33 @@ async function crowd(
     return { child, next };
   });
   for (const c of children) await c.next();
+  // Each waiter's CPU in its first START_MS, read from outside (no wake-up
+  // of the waiter), reported apart from the rest.
+  const starts: Promise<number>[] = [];
   for (const c of children) {
+    const before = threadsCpuMs(c.child.pid);
     c.child.stdin!.write("go\n");
+    starts.push(
+      new Promise((resolve) =>
+        setTimeout(
+          () => resolve(threadsCpuMs(c.child.pid) - before),
+          START_MS,
+        )
+      ),
+    );
     await new Promise((resolve) => setTimeout(resolve, STAGGER_MS));
   }
   const results = await Promise.all(children.map((c) => c.next()));
+  const start = await Promise.all(starts);
   for (const c of children) c.child.stdin!.end();
-  return results;
+  return results.map((r, i) => ({ ...r, startMs: start[i] }));
+}
+
+/** The waiters' CPU in their first START_MS, in all (s), if read. */
+// deno-lint-ignore no-explicit-any
+function sumStart(results: any[]): number | undefined {
+  const ms = results.reduce((a, r) => a + (r.startMs as number), 0);
+  return Number.isFinite(ms) ? r2(ms / 1000) : undefined;
 }
 
 async function waiters(ctx: ScaleContext, s: ScaleSection): Promise<void> {
@@ -292,6 +339,8 @@ async function waiters(ctx: ScaleContext, s: ScaleSection): Promise<void> {
         idleCpuSeconds: r2(
           idle.reduce((a, r) => a + (r.cpuMs as number), 0) / 1000,
         ),
+        startCpuSeconds: sumStart(results),
+        idleStartCpuSeconds: sumStart(idle),
         overshootMs: {
           median: r1(median(over)),
           p90: r1(quantile(over, 0.9)),
@@ -470,6 +519,7 @@ export function scaleTables(s: ScaleSection): string {
         "runtime",
         "CPU s, all",
         "control CPU s",
+        `of which first ${START_MS / 1000} s (control)`,
         "CPU ms each (median/max)",
         "overshoot median ms",
         "p90 ms",
@@ -479,6 +529,9 @@ export function scaleTables(s: ScaleSection): string {
         rt,
         String(v.cpuSeconds),
         String(v.idleCpuSeconds),
+        v.startCpuSeconds === undefined
+          ? ""
+          : `${v.startCpuSeconds} (${v.idleStartCpuSeconds})`,
         `${v.cpuMsEach.median}/${v.cpuMsEach.max}`,
         String(v.overshootMs.median),
         String(v.overshootMs.p90),
@@ -486,7 +539,7 @@ export function scaleTables(s: ScaleSection): string {
       ]),
     );
     out.push(
-      "(each waiter first makes one acquire, refused, to warm up, then waits when told; they start 20 ms apart so that their timeouts fire apart. Control: as many processes, warmed the same way, asleep on a timer as long. CPU: getrusage of each waiter from the moment it starts waiting to its HeldError; overshoot: how long after the timeout the HeldError came)",
+      "(each waiter first makes one acquire, refused, to warm up, then waits when told; they start 20 ms apart so that their timeouts fire apart. Control: as many processes, warmed the same way, asleep on a timer as long. CPU: getrusage of each waiter from the moment it starts waiting to its HeldError, and of that, its first 0.5 s (its threads' schedstat, read from outside: the process's one-time set-up, the first attempt, the watches, the first looks); overshoot: how long after the timeout the HeldError came)",
     );
   }
   if (Object.keys(s.rss).length) {

@@ -311,6 +311,55 @@ interface HandoffRequest {
   samples: number;
   /** How long the waiter waits before the holder lets go, in ms. */
   settle: number;
+  /**
+   * kill: the C floor's binary (bench/floor.c). Each sample is then paired
+   * with one of the floor, in alternating order: the same holder, SIGKILLed
+   * while a C process waits in flock(LOCK_EX) on its file.
+   */
+  floor?: string;
+}
+
+/** Until `child` has exited. */
+function exited(child: ChildProcess): Promise<void> {
+  if (child.exitCode !== null || child.signalCode !== null) {
+    return Promise.resolve();
+  }
+  return new Promise((resolve) => child.once("exit", () => resolve()));
+}
+
+/**
+ * The floor of a hand-off after SIGKILL: from the holder's SIGKILL to the
+ * line "woke" of a C process blocked in flock(LOCK_EX) on its file (the
+ * kernel wakes it as it closes the dead holder's descriptor, after the
+ * holder's teardown). The same holder as runlock's sample, measured the
+ * same way (the line is read by this process, as runlock's acquire
+ * resolves in it).
+ */
+async function floorKill(req: HandoffRequest): Promise<number> {
+  const holder = spawnHolder("hold", req.path);
+  try {
+    const next = lineReader(holder);
+    const line = await next();
+    if (line !== "held") throw new Error(`holder said ${line}`);
+    const c = spawn(req.floor!, ["waitlock", req.path], {
+      stdio: ["pipe", "pipe", "inherit"],
+    });
+    try {
+      const woke = lineReader(c);
+      if (await woke() !== "waiting") throw new Error("floor waitlock failed");
+      await sleep(req.settle + Math.random() * 10);
+      const t0 = performance.now();
+      holder.kill("SIGKILL");
+      if (await woke() !== "woke") throw new Error("floor waitlock failed");
+      return performance.now() - t0;
+    } finally {
+      c.stdin!.end();
+      await exited(c);
+    }
+  } finally {
+    holder.kill("SIGKILL");
+    await exited(holder);
+  }
 }
 
 /**
@@ -319,7 +368,9 @@ interface HandoffRequest {
  * acquire resolves. Measured on one clock, the waiter's; the "release" figure
  * includes the holder's wake-up on its stdin, so it is an upper bound.
  */
-async function handoff(req: HandoffRequest): Promise<number[]> {
+async function handoff(
+  req: HandoffRequest,
+): Promise<{ ms: number[]; floorMs?: number[] }> {
   const pl = req.lib === "proper-lockfile" ? incumbents()!.pl : undefined;
   if (pl) closeSync(openSync(req.path, "a"));
   const mode = pl ? "hold-pl" : "hold";
@@ -331,10 +382,13 @@ async function handoff(req: HandoffRequest): Promise<number[]> {
     return () => lock.release();
   };
   const ms: number[] = [];
+  const floor: number[] = [];
+  const paired = req.kind === "kill" && req.floor !== undefined && !pl;
   let holder: ChildProcess | undefined;
   let next: (() => Promise<string>) | undefined;
   try {
     for (let i = 0; i < req.samples; i++) {
+      if (paired && i % 2 === 0) floor.push(await floorKill(req));
       if (holder === undefined || req.kind === "kill") {
         holder = spawnHolder(mode, req.path);
         next = lineReader(holder);
@@ -362,11 +416,12 @@ async function handoff(req: HandoffRequest): Promise<number[]> {
       } else if (await next!() !== "released") {
         throw new Error("holder did not release");
       }
+      if (paired && i % 2 === 1) floor.push(await floorKill(req));
     }
   } finally {
     holder?.kill("SIGKILL");
   }
-  return ms;
+  return paired ? { ms, floorMs: floor } : { ms };
 }
 
 async function hold(path: string, pl: boolean): Promise<void> {
@@ -505,7 +560,7 @@ async function serve(): Promise<void> {
           break;
         }
         case "handoff":
-          say({ ms: await handoff(req) });
+          say(await handoff(req));
           break;
         default:
           throw new Error(`unknown request ${req.cmd}`);

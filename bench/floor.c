@@ -24,6 +24,12 @@
  *   probe_missing  open, which fails with ENOENT: a free lock (no file)
  *   scan           opendir(P), then for every entry the probe above
  *                  (openat, flock, read, close), closedir: n scans
+ *
+ *   floor waitlock <path>  the floor of a hand-off after SIGKILL: opens
+ *                       the lock file, prints "waiting", blocks in
+ *                       flock(LOCK_EX) (the kernel wakes it when the
+ *                       holder's descriptor is closed, by its death), prints
+ *                       "woke", and exits at the end of its stdin
  */
 #define _GNU_SOURCE
 #include <dirent.h>
@@ -190,6 +196,17 @@ int main(int argc, char **argv) {
   if (argc >= 2 && strcmp(argv[1], "serve") == 0) {
     return serve(argc == 3 && strcmp(argv[2], "mark") == 0);
   }
-  fprintf(stderr, "usage: floor serve [mark]\n");
+  if (argc == 3 && strcmp(argv[1], "waitlock") == 0) {
+    int fd = open(argv[2], O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) return 1;
+    if (write(1, "waiting\n", 8) != 8) return 1;
+    if (flock(fd, LOCK_EX) != 0) return 1;
+    if (write(1, "woke\n", 5) != 5) return 1;
+    char c;
+    while (read(0, &c, 1) > 0) {
+    }
+    return 0;
+  }
+  fprintf(stderr, "usage: floor serve [mark] | floor waitlock <path>\n");
   return 2;
 }
