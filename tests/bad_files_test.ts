@@ -25,7 +25,7 @@ import {
   InvalidLockFileError,
   RunlockError,
 } from "../mod.ts";
-import { cliCommand, deadPid, tempDir } from "./_helpers.ts";
+import { Child, cliCommand, deadPid, tempDir } from "./_helpers.ts";
 
 function snapshot(path: string): string {
   const s = lstatSync(path);
@@ -227,6 +227,21 @@ describe("a directory that refuses new files", () => {
       return true;
     });
     assert.equal((await inspect("/proc/version")).state, "invalid");
+  });
+
+  test("acquire of a path in a missing directory under /proc fails at once with a RunlockError (Node's recursive mkdir spun there forever, deaf to SIGTERM)", async (t) => {
+    if (!existsSync("/proc/self")) return t.skip("no /proc");
+    // In a child: the old code never returned (the Child's hang detector
+    // would end the test), and the spin is not interruptible in-process.
+    const c = new Child("child.ts", [
+      "try",
+      "/proc/runlock-no-such/x/run.lock",
+    ]);
+    const e = await c.next();
+    assert.equal(e.event, "error", JSON.stringify(e));
+    assert.equal(e.name, "RunlockError", JSON.stringify(e));
+    assert.match(String(e.message), /\/proc\/runlock-no-such/);
+    await c.exited;
   });
 });
 

@@ -29,9 +29,11 @@ import {
   readFileSync,
   readlinkSync,
   realpathSync,
+  statSync,
   watch,
 } from "node:fs";
 import { constants as osc, hostname } from "node:os";
+import { dirname } from "node:path";
 import process from "node:process";
 import { AT_FDCWD } from "./_libc_node.ts";
 
@@ -53,6 +55,41 @@ const isBun = typeof (globalThis as { Bun?: unknown }).Bun !== "undefined";
 
 let hostnameCache: string | undefined;
 let identityCache: { boot: string; pidns: string } | undefined;
+
+/**
+ * `mkdir -p`, one directory at a time. Not `mkdirSync(path, { recursive:
+ * true })`: where mkdir answers ENOENT although the parent exists (procfs:
+ * `/proc/x`, `/dev/fd/x`), Node's goes back to the parent, finds it, and
+ * tries the child again, forever, at 100% CPU and deaf to SIGTERM (seen on
+ * Node 20). Here the second ENOENT is the answer.
+ */
+function mkdirParents(path: string): void {
+  try {
+    mkdirSync(path);
+    return;
+  } catch (err) {
+    const code = (err as { code?: string }).code;
+    if (code === "EEXIST" && isDirectory(path)) return;
+    if (code !== "ENOENT" || dirname(path) === path) throw err;
+  }
+  mkdirParents(dirname(path));
+  try {
+    mkdirSync(path);
+  } catch (err) {
+    // Made meanwhile by another mkdir -p: as good.
+    const code = (err as { code?: string }).code;
+    if (code !== "EEXIST" || !isDirectory(path)) throw err;
+  }
+}
+
+/** Whether `path` is a directory (following symlinks, as mkdir -p does). */
+function isDirectory(path: string): boolean {
+  try {
+    return statSync(path).isDirectory();
+  } catch {
+    return false;
+  }
+}
 
 /** The Node.js and Bun platform. */
 export const platform: Platform = {
@@ -103,7 +140,7 @@ export const platform: Platform = {
 
   mkdirp(path: string): void {
     try {
-      mkdirSync(path, { recursive: true });
+      mkdirParents(path);
     } catch (err) {
       throw sysError(err, "mkdir", path);
     }
