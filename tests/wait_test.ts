@@ -94,6 +94,33 @@ describe("waiting", () => {
     }
   });
 
+  test("a waiter whose watches see both a release and its holder's death (Linux) looks once after it starts watching, then sleeps to its deadline: a 1.5 s wait makes two sleeps", async (t) => {
+    if (process.platform !== "linux") {
+      t.skip("the holder's close is watched on Linux only (inotify)");
+      return;
+    }
+    const { dir, cleanup } = tempDir();
+    const path = join(dir, "run.lock");
+    const first = await holder(path);
+    try {
+      const { result, timers } = await countingTimers(() =>
+        acquire(path, { timeout: 1_500 }).then(
+          () => undefined,
+          (err: unknown) => err,
+        )
+      );
+      assert.ok(result instanceof HeldError, String(result));
+      // 1 ms (an event between the probe and the watch), then the rest of
+      // the 1.5 s. The ramp of before slept 1, 4, 16, 64, 256 ms and then
+      // the cap: about 10 sleeps, each a look costing 0.3-1.3 ms of CPU.
+      assert.ok(timers.length <= 3, `${timers.length} sleeps: ${timers}`);
+      assert.ok(Math.max(...timers) >= 1_000, `${timers}`);
+    } finally {
+      await first.kill();
+      cleanup();
+    }
+  });
+
   test("abort rejects with the signal's reason and leaves no temp file", async () => {
     const { dir, cleanup } = tempDir();
     const path = join(dir, "run.lock");
