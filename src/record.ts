@@ -96,6 +96,54 @@ export function metaLines(meta: { [key: string]: string }): string {
   return out;
 }
 
+/** A line without its trailing CR, if any. */
+function chomp(line: string): string {
+  return line.endsWith("\r") ? line.slice(0, -1) : line;
+}
+
+/** The digits of `s` from `at`, `n` of them, or -1 if one is not a digit. */
+function digits(s: string, at: number, n: number): number {
+  let v = 0;
+  for (let i = at; i < at + n; i++) {
+    const c = s.charCodeAt(i) - 48;
+    if (c < 0 || c > 9) return -1;
+    v = v * 10 + c;
+  }
+  return v;
+}
+
+/**
+ * `new Date(value)`, read directly where it is the form runlock writes
+ * (`2026-11-30T09:52:11.000Z`, a year from 1000 to 9999) and every field
+ * is in range; anything else goes to `new Date`, as before.
+ */
+function parseStarted(value: string): Date {
+  if (
+    value.length === 24 && value[4] === "-" && value[7] === "-" &&
+    value[10] === "T" && value[13] === ":" && value[16] === ":" &&
+    value[19] === "." && value[23] === "Z"
+  ) {
+    const year = digits(value, 0, 4);
+    const month = digits(value, 5, 2);
+    const day = digits(value, 8, 2);
+    const hour = digits(value, 11, 2);
+    const minute = digits(value, 14, 2);
+    const second = digits(value, 17, 2);
+    const ms = digits(value, 20, 3);
+    if (
+      year >= 1000 && month >= 1 && month <= 12 && day >= 1 && hour >= 0 &&
+      hour <= 23 && minute >= 0 && minute <= 59 && second >= 0 &&
+      second <= 59 && ms >= 0
+    ) {
+      const date = new Date(
+        Date.UTC(year, month - 1, day, hour, minute, second, ms),
+      );
+      if (date.getUTCDate() === day) return date;
+    }
+  }
+  return new Date(value);
+}
+
 /** Parses a lock file's bytes. Never throws. */
 export function parseRecord(bytes: Uint8Array): Record {
   if (bytes.length === 0) return { kind: "empty" };
@@ -113,7 +161,7 @@ export function parseRecord(bytes: Uint8Array): Record {
   }
   const lines = text.split("\n");
   if (lines.at(-1) === "") lines.pop();
-  const first = (lines[0] ?? "").replace(/\r$/, "");
+  const first = chomp(lines[0] ?? "");
   const pid = parsePid(first);
   if (pid === 0) {
     const shown = JSON.stringify(first.slice(0, 40));
@@ -122,7 +170,7 @@ export function parseRecord(bytes: Uint8Array): Record {
       reason: `first line ${shown} is not a PID from 1 to ${MAX_PID}`,
     };
   }
-  if (lines.length < 2 || !MARKER.test(lines[1].replace(/\r$/, ""))) {
+  if (lines.length < 2 || !MARKER.test(chomp(lines[1]))) {
     // A plain pidfile from another tool (pidfile(3), start-stop-daemon, ...).
     return { kind: "foreign", pid };
   }
@@ -137,13 +185,15 @@ export function parseRecord(bytes: Uint8Array): Record {
     const eq = line.indexOf("=");
     if (eq < 0) continue;
     const key = line.slice(0, eq);
-    const value = line.slice(eq + 1).replace(/\r$/, "");
+    const value = line.endsWith("\r")
+      ? line.slice(eq + 1, -1)
+      : line.slice(eq + 1);
     switch (key) {
       case "host":
         host = value;
         break;
       case "started": {
-        const date = new Date(value);
+        const date = parseStarted(value);
         if (!Number.isNaN(date.getTime())) started = date;
         break;
       }
