@@ -18,7 +18,8 @@ import {
 import { cpus, loadavg, release, tmpdir, totalmem } from "node:os";
 import { dirname, join, relative } from "node:path";
 import process from "node:process";
-import ts from "typescript";
+import ts from "npm:typescript@5.9.3";
+import { NPM_PINS } from "../scripts/_pins.ts";
 
 /** Versions of everything installed for the benchmark, pinned. */
 export const PINS = {
@@ -217,11 +218,10 @@ export function buildPackage(snap: string): { dir: string; note?: string } {
  * the repo (keyed by the pins) and reused by later runs.
  */
 export function installDeps(withBun: boolean): string {
-  const config = JSON.parse(readFileSync(join(root, "deno.json"), "utf8"));
-  const koffi = String(config.imports.koffi).replace(/^npm:koffi@/, "");
+  const koffi = NPM_PINS.koffi;
   // The package's own dependencies (pg: the PostgreSQL client, which the
   // CLI's bun --compile binary bundles), then the incumbents.
-  const pg = String(config.imports.pg).replace(/^npm:pg@/, "");
+  const pg = NPM_PINS.pg;
   const deps: Record<string, string> = {
     koffi,
     pg,

@@ -19,6 +19,7 @@
 import {
   chmodSync,
   copyFileSync,
+  cpSync,
   existsSync,
   mkdirSync,
   readdirSync,
@@ -30,7 +31,8 @@ import {
 import { dirname, join, relative } from "node:path";
 import process from "node:process";
 import { spawnSync } from "node:child_process";
-import ts from "typescript";
+import ts from "npm:typescript@5.9.3";
+import { NPM_PINS } from "./_pins.ts";
 
 const ESBUILD = "0.25.12";
 
@@ -39,33 +41,48 @@ const out = join(root, "npm");
 const pkgDir = join(out, "package");
 const stage = join(out, ".stage");
 const config = JSON.parse(readFileSync(join(root, "deno.json"), "utf8"));
-/** The exact version deno.json's import map pins for the npm package `name`. */
+/** The exact version scripts/_pins.ts pins for the npm package `name`. */
 function pinned(name: string): string {
-  const spec: string | undefined = config.imports[name];
-  const m = spec?.match(new RegExp(`^npm:${name}@(\\d[^/]*)$`));
-  if (!m) {
-    throw new Error(`deno.json must map "${name}" to npm:${name}@<version>`);
+  const version = NPM_PINS[name];
+  if (version === undefined) {
+    throw new Error(`scripts/_pins.ts pins no version of ${name}`);
   }
-  return m[1];
+  return version;
 }
-// The package's runtime dependencies, pinned as deno.json pins them.
-const dependencies = { koffi: pinned("koffi"), pg: pinned("pg") };
+// The package's runtime dependency, pinned as scripts/_pins.ts pins it, and its
+// optional peer: pg (node-postgres), which only "runlock/postgres" and
+// `runlock --db` load, on their first connection; without it they say
+// what to install (src/postgres/_session.ts).
+const dependencies = { koffi: pinned("koffi") };
+const peerDependencies = { pg: `^${pinned("pg")}` };
+const imported = { ...dependencies, ...peerDependencies };
 
 /**
- * `npm:name@version` specifiers (Deno's) as the bare names Node, Bun and
- * esbuild resolve from the package's dependencies (sources should import
- * the bare name that deno.json maps, as src/postgres/_session.ts does with
- * "pg"; this keeps a stray npm: specifier from breaking the bundles). An
- * npm: specifier of anything else is an error: the package would not
- * install it.
+ * `npm:name@version` specifiers (Deno's; the sources name them in full, as
+ * src/postgres/_session.ts does with npm:pg@8.23.1) as the bare names Node,
+ * Bun and esbuild resolve from the package's dependencies. An npm:
+ * specifier of anything else is an error: the package would not install
+ * it. The tests may also use `devOnly` packages, which scripts/test_npm.ts
+ * installs beside the package.
  */
-function bareNpmSpecifiers(text: string, file: string): string {
+function bareNpmSpecifiers(
+  text: string,
+  file: string,
+  devOnly: string[] = [],
+): string {
   return text.replace(
-    /(["'])npm:((?:@[^/"']+\/)?[^@/"']+)@[^"']*\1/g,
-    (_m, q, name) => {
-      if (!(name in dependencies)) {
+    /(["'])npm:((?:@[^/"']+\/)?[^@/"']+)@([^"']*)\1/g,
+    (_m, q, name: string, version: string) => {
+      if (!(name in imported) && !devOnly.includes(name)) {
         throw new Error(
           `${file} imports npm:${name}, which is not a dependency of the npm package`,
+        );
+      }
+      if (version !== pinned(name)) {
+        throw new Error(
+          `${file} imports npm:${name}@${version}; scripts/_pins.ts pins ${
+            pinned(name)
+          }`,
         );
       }
       return `${q}${name}${q}`;
@@ -217,7 +234,7 @@ function bundle(
     `--format=${format}`,
     "--external:koffi",
     "--external:bun:ffi",
-    // The PostgreSQL client: a dependency of the package, imported by
+    // The PostgreSQL client: an optional peer of the package, imported by
     // src/postgres/ on its first connection only (`import("pg")`), so that
     // file-lock users and `runlock` without --db never load it.
     "--external:pg",
@@ -459,15 +476,17 @@ const pkg = {
     "README.md",
     "LICENSE",
     "PROTOCOL.md",
+    "docs/",
   ],
   sideEffects: false,
   engines: { node: ">=20" },
   os: ["linux", "darwin", "freebsd", "openbsd", "netbsd"],
-  // pg (about 1 MB in 14 small packages) is installed for every user but
-  // loaded only by "runlock/postgres" on its first connection; a plain
-  // dependency rather than an optional peer, so `runlock --db` works from
-  // any install.
   dependencies,
+  // pg is about 1 MB in 14 small packages, which file-lock users never
+  // need: an optional peer (the way database drivers are shipped), so a
+  // PostgreSQL user installs it (`npm install runlock pg`).
+  peerDependencies,
+  peerDependenciesMeta: { pg: { optional: true } },
 };
 write(join(pkgDir, "package.json"), JSON.stringify(pkg, null, 2) + "\n");
 // For resolvers that predate "exports" (TypeScript's moduleResolution
@@ -490,6 +509,8 @@ for (const [dir, types] of [["cli", "cli"], ["postgres", "postgres/mod"]]) {
 for (const file of ["README.md", "LICENSE", "PROTOCOL.md"]) {
   copyFileSync(join(root, file), join(pkgDir, file));
 }
+// The guides the README links to, beside it.
+cpSync(join(root, "docs"), join(pkgDir, "docs"), { recursive: true });
 
 // 4. The test suite, compiled for Node and Bun. Tests import the library
 // through ./_entry.js, the CLI module through ./_cli_entry.js and the
@@ -501,7 +522,9 @@ const testFiles = walk(join(root, "tests")).filter((f) => f.endsWith(".ts"));
 for (const file of testFiles) {
   const rel = relative(join(root, "tests"), file);
   const up = rel.includes("/") ? "../" : "./";
-  const source = bareNpmSpecifiers(readFileSync(file, "utf8"), rel)
+  const source = bareNpmSpecifiers(readFileSync(file, "utf8"), rel, [
+    "fast-check",
+  ])
     .replace(
       /(["'])(?:\.\.\/)+mod\.ts\1/g,
       (_m, q) => `${q}${up}_entry.js${q}`,

@@ -1,5 +1,6 @@
-// `deno task demo`: runlock with real processes, on `.state/run.lock` in
-// the directory it runs in (the clone, for `deno task demo`). A run holds
+// `deno run --allow-all scripts/demo.ts` (or `deno task demo`): runlock
+// with real processes, on `.state/run.lock` in the directory it runs in
+// (the clone, as the README runs it). A run holds
 // the lock, a second run is refused with its pid, a status command looks
 // without taking the lock, the holder is SIGKILLed, the status turns stale,
 // and a new run takes over, then stops cleanly and releases it.

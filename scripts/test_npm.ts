@@ -63,6 +63,7 @@ import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import process from "node:process";
 import { commandLines, readmeBlock } from "../tests/_readme.ts";
+import { NPM_PINS } from "./_pins.ts";
 import { findPgBin, startCluster } from "../tests/fixtures/pg_cluster.ts";
 
 const BUN = "1.4.5";
@@ -252,19 +253,58 @@ await step("README: npm install of the tarball into a scratch project", () => {
     join(scratch, "package.json"),
     JSON.stringify({ name: "scratch", private: true, type: "module" }, null, 2),
   );
-  run("sh", ["-c", installLine.replaceAll("/path/to/runlock", root)], {
-    cwd: scratch,
-  });
-  // What the tests import besides runlock: fast-check (the property tests),
-  // at the version deno.json pins for the Deno run; and Bun.
-  const fastCheck = JSON.parse(readFileSync(join(root, "deno.json"), "utf8"))
-    .imports["fast-check"].replace(/^npm:/, "");
+  // The README's line as a user runs it. npm's only warning may be the one
+  // the README explains (koffi's install script); the README's line that
+  // records the choice ends it, and everything below runs on an install
+  // where koffi's script never ran.
+  const warnings = (line: string) => {
+    console.log(`\n$ ${line}`);
+    const r = spawnSync("sh", ["-c", line], { cwd: scratch, encoding: "utf8" });
+    process.stdout.write(r.stdout + r.stderr);
+    if (r.status !== 0) throw new Error(`FAILED (exit ${r.status}): ${line}`);
+    return (r.stdout + r.stderr).split("\n").filter((l) =>
+      /^npm warn/i.test(l)
+    );
+  };
+  const first = warnings(installLine.replaceAll("/path/to/runlock", root));
+  const unexplained = first.filter((l) =>
+    !/^npm warn install-scripts( |$)/.test(l)
+  );
+  if (unexplained.length > 0) {
+    throw new Error(
+      `npm warned what the README does not explain:\n${unexplained.join("\n")}`,
+    );
+  }
+  if (first.length > 0) {
+    if (!first.some((l) => /koffi@/.test(l))) {
+      throw new Error(
+        `an install-scripts warning not about koffi:\n${first.join("\n")}`,
+      );
+    }
+    const [deny] = commandLines(readmeBlock("npm-deny-scripts"));
+    run("sh", ["-c", deny.replace(/\s+#.*$/, "")], { cwd: scratch });
+    rmSync(join(scratch, "node_modules"), { recursive: true, force: true });
+    const again = warnings("npm install --no-audit --no-fund");
+    if (again.length > 0) {
+      throw new Error(
+        `npm still warns after the README's deny line:\n${again.join("\n")}`,
+      );
+    }
+  } else {
+    console.log(
+      "npm printed no install-scripts warning: the README's deny line is not needed here",
+    );
+  }
+  // What the tests import besides runlock: pg (the optional peer the
+  // PostgreSQL backend loads), fast-check (the property tests), at the
+  // versions scripts/_pins.ts pins; and Bun.
   run("npm", [
     "install",
     "--no-audit",
     "--no-fund",
     "--loglevel=error",
-    fastCheck,
+    `pg@${NPM_PINS.pg}`,
+    `fast-check@${NPM_PINS["fast-check"]}`,
     ...(process.env.RUNLOCK_SKIP_BUN ? [] : [`bun@${BUN}`]),
   ], { cwd: scratch });
   // The same compiled tests twice: once importing the ESM entry, once the

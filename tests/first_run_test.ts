@@ -1,12 +1,13 @@
 // A newcomer's first run, as the README's "Try it" says: in a fresh copy of
-// the repository, with a fresh DENO_DIR (nothing cached), `deno task demo`
+// the repository, with a fresh DENO_DIR (nothing cached), the demo line
 // and the start of `deno task test` print no warning. Deno's task runner
 // sets up the config's npm packages before any task, and used to print a
 // yellow box there about koffi's install script (koffi is for Node; Deno
 // never loads it): deno.json's `allowScripts.deny` says that on purpose.
 // Nothing may be downloaded for the demo either: `deno task` sets up every
-// npm package deno.json's "imports" maps before any task (typescript,
-// fast-check, koffi and pg, none of which the demo loads). Needs the npm
+// npm package of the config and the lockfile before any task, which is why
+// the demo line is a `deno run` (and why deno.json has no import map: the
+// sources name npm packages in full, scripts/_pins.ts). Needs the npm
 // registry (a fresh DENO_DIR downloads what a task needs). Deno only: these
 // are Deno tasks.
 import assert from "node:assert/strict";
@@ -68,7 +69,7 @@ describe("a newcomer's first run", { skip: runtime !== "deno" }, () => {
     const prefix = "npx --yes deno@2.9.6 ";
     assert.ok(line.startsWith(prefix), line);
     const args = line.slice(prefix.length).replace(/\s+#.*$/, "").split(" ");
-    assert.deepEqual(args, ["task", "demo"]);
+    assert.deepEqual(args, ["run", "--allow-all", "scripts/demo.ts"]);
     const dir = freshCopy();
     try {
       // A crashed run's file where the demo says it works: its first run
@@ -85,6 +86,7 @@ describe("a newcomer's first run", { skip: runtime !== "deno" }, () => {
       );
       assert.equal(existsSync(stale), false, "the demo used .state/run.lock");
       assert.doesNotMatch(r.stderr, /warn|ignored build scripts/i, r.stderr);
+      assert.doesNotMatch(r.stderr, /^Download /m, r.stderr);
       assert.doesNotMatch(r.stdout, / on \?| on $/m, "no empty host");
     } finally {
       rmSync(dir, { recursive: true, force: true });

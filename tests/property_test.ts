@@ -20,7 +20,7 @@ import { hostname } from "node:os";
 import { join } from "node:path";
 import process from "node:process";
 import { after, describe, test } from "node:test";
-import fc from "fast-check";
+import fc from "npm:fast-check@4.11.0";
 import {
   acquire,
   HeldError,

@@ -226,7 +226,7 @@ interface Made {
 type Fn = (...args: unknown[]) => number;
 
 function koffiCalls(load: NodeJS.Require): Made | null {
-  const koffi = load("koffi") as typeof import("koffi");
+  const koffi = load("koffi") as typeof import("npm:koffi@3.3.4");
   let lib;
   for (const name of LINUX_LIBC) {
     try {

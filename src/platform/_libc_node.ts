@@ -281,7 +281,7 @@ function bindBun(name: string, at: Stat | false): Libc {
 
 function bindKoffi(name: string, at: Stat | false): Libc {
   const load = createRequire(import.meta.url);
-  const koffi = load("koffi") as typeof import("koffi");
+  const koffi = load("koffi") as typeof import("npm:koffi@3.3.4");
   const lib = koffi.load(name);
   const flock = lib.func("int flock(int fd, int operation)") as Fn;
   const errno = () => koffi.errno();
