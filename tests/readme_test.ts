@@ -717,6 +717,57 @@ describe("the docs' Node and Bun forms, run as written", {
   );
 
   test(
+    "README: the CLI in brief through npx in a project with the package (run, status, ls, wait), on this Node",
+    { skip: runtime !== "node" },
+    async () => {
+      const dir = mkdtempSync(join(scratch, ".docs-"));
+      try {
+        const env = {
+          ...process.env as Record<string, string>,
+          PATH: `${dirname(process.execPath)}${delimiter}${process.env.PATH}`,
+        };
+        writeFileSync(join(dir, "sync.sh"), SYNC_SH, { mode: 0o755 });
+        const [run, status, ls, wait] = commandLines(readmeBlock("cli-brief"))
+          .map((l) => `npx ${l.replace(/\s+#.*$/, "")}`);
+        const host = hostname();
+        const guarded = background(run, dir, env);
+        await waitFor(() => guarded.out.stdout.includes("syncing"), "run");
+        const held = sh(status, dir, env);
+        assert.equal(held.code, 0, held.stderr);
+        assert.match(
+          held.stdout,
+          new RegExp(
+            `^held by pid \\d+ on ${host} since .*: \\./sync\\.sh\\n$`,
+          ),
+        );
+        const listed = sh(ls, dir, env);
+        assert.equal(listed.code, 0, listed.stderr);
+        assert.match(
+          listed.stdout,
+          /^held +\d+ .* \.\/sync\.sh +\.state\/run\.lock$/m,
+        );
+        // `wait` has begun waiting once it has read the held lock file.
+        const reads = await Reads.watch(
+          join(dir, ".state", "run.lock"),
+          join(dir, "mark"),
+        );
+        const waiting = background(wait, dir, env);
+        try {
+          await reads.reads(1);
+        } finally {
+          await reads.stop();
+        }
+        assert.equal(waiting.child.exitCode, null, "wait returned while held");
+        writeFileSync(join(dir, "done"), "");
+        assert.equal(await guarded.exited, 0, guarded.out.stderr);
+        assert.equal(await waiting.exited, 0, waiting.out.stderr);
+      } finally {
+        rmSync(dir, { recursive: true, force: true });
+      }
+    },
+  );
+
+  test(
     "docs/postgres.md: the Node form runs on this runtime (Node 20 included) against a real server",
     { skip: !hasPg },
     async () => {
