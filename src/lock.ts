@@ -479,13 +479,20 @@ const ASYNC_SLEEPS: Sleeps = {
 /** The longest sleep of a waiter whose close watch is open. */
 const CLOSE_WATCHED_MAX = 1000;
 /**
- * The sleep of a waiter whose watches see both a release and a holder's
- * death. Each look costs its process 0.3-1.3 ms of CPU (cold code), and
- * on Deno every other waiter's watch too (its inotify mask has IN_OPEN,
- * and a look opens the file): at one look a second, 50 waiters burnt
- * 0.75-1.8 CPU-s in 6 s, most of it in looks.
+ * The longest sleep of a waiter whose watches see both a release and the
+ * death of its holder (a runlock holder on this host; Node and Bun). Each
+ * look costs its process 0.3-1.3 ms of CPU (cold code): at one look a
+ * second, 50 waiters burnt 0.75-1.2 CPU-s in 6 s, most of it in looks. The looks still ramp up to it from 1 ms, after every wake too: a
+ * burst of holders can outrun a watch, and a missed event then costs
+ * milliseconds, not the whole sleep.
  */
 const WATCHED_MAX = 5000;
+/**
+ * The longest sleep while the holder is one whose end no event reports: a
+ * plain pidfile (no descriptor), an empty file under `flock(1)` (read-only:
+ * no IN_CLOSE_WRITE), a holder on another host.
+ */
+const UNWATCHED_MAX = 250;
 /** A synchronous waiter cannot watch: it looks more often. */
 const SYNC_SLEEPS: Sleeps = { max: 50, growth: 2 };
 
@@ -499,11 +506,10 @@ interface Woken {
    */
   max?: number;
   /**
-   * Both watches are open: the file's, and the holder's close where the
-   * file's does not report it (Deno's does). After the first look, which
-   * covers an event between the probe and the watch, the waiter sleeps
-   * straight to `WATCHED_MAX`: its looks only catch what the watches
-   * cannot see (a holder on another host, a lost event).
+   * Both watches are open (Node and Bun on Linux): the file's, and the
+   * holder's close through inotify. With a runlock holder on this host,
+   * the looks then grow to `WATCHED_MAX`: they only catch what the watches
+   * miss.
    */
   watched?: boolean;
 }
@@ -554,12 +560,17 @@ function* acquireSteps(
         // No file to watch: it went since the probe; look again at once.
         const there = onSleep();
         yield there ? Math.max(0, Math.min(interval, remaining())) : 0;
-        interval = wake.woken
-          ? 1
+        const seen = probe(target, target.pinned);
+        if (seen.state !== "held") break;
+        // Whether an event will tell of this holder's end: a runlock record
+        // of this host, whose holder has the file open for writing.
+        const told = seen.marker && !seen.far;
+        const cap = !told
+          ? Math.min(UNWATCHED_MAX, sleeps.max)
           : there && wake.watched
           ? WATCHED_MAX
-          : Math.min(interval * sleeps.growth, wake.max ?? sleeps.max);
-        if (probe(target, target.pinned).state !== "held") break;
+          : wake.max ?? sleeps.max;
+        interval = wake.woken ? 1 : Math.min(interval * sleeps.growth, cap);
       }
     }
   } finally {
@@ -669,8 +680,10 @@ export async function acquire(
     listener?.stop();
     const made = listenFile(target.pinned, target.name, onEvent);
     listener = typeof made === "object" ? made : undefined;
-    woken.watched = listener !== undefined &&
-      (p.runtime === "deno" || unclose !== undefined);
+    // Not on Deno: a burst of holders (each taking the lock and letting
+    // it go at once) outruns its watch now and then, and a waiter that
+    // misses the event learns of it by its next look: at most 1 s there.
+    woken.watched = listener !== undefined && unclose !== undefined;
     return made !== "ENOENT";
   };
   const steps = acquireSteps(

@@ -1,12 +1,12 @@
 // Waiting: timeout and AbortSignal; the waiter retries the non-blocking
 // attempt and never blocks a thread in flock, so the event loop runs on.
 import assert from "node:assert/strict";
-import { readdirSync } from "node:fs";
+import { readdirSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import process from "node:process";
 import { describe, test } from "node:test";
 import { acquire, acquireSync, held, HeldError } from "../mod.ts";
-import { Child, countingTimers, holder, tempDir } from "./_helpers.ts";
+import { Child, countingTimers, holder, runtime, tempDir } from "./_helpers.ts";
 
 describe("waiting", () => {
   test("a waiter with a timeout gets the lock once the holder releases it", async () => {
@@ -94,9 +94,9 @@ describe("waiting", () => {
     }
   });
 
-  test("a waiter whose watches see both a release and its holder's death (Linux) looks once after it starts watching, then sleeps to its deadline: a 1.5 s wait makes two sleeps", async (t) => {
-    if (process.platform !== "linux") {
-      t.skip("the holder's close is watched on Linux only (inotify)");
+  test("a waiter whose watches see both a release and its holder's death (Node and Bun on Linux) looks ever more rarely, growing fourfold from 1 ms to 5 s: a 7 s wait makes at most 9 sleeps", async (t) => {
+    if (process.platform !== "linux" || runtime === "deno") {
+      t.skip("the holder's close is watched by inotify on Linux (Node, Bun)");
       return;
     }
     const { dir, cleanup } = tempDir();
@@ -104,19 +104,42 @@ describe("waiting", () => {
     const first = await holder(path);
     try {
       const { result, timers } = await countingTimers(() =>
+        acquire(path, { timeout: 7_000 }).then(
+          () => undefined,
+          (err: unknown) => err,
+        )
+      );
+      assert.ok(result instanceof HeldError, String(result));
+      // 1, 4, 16, 64, 256, 1024, 4096, then the rest: each look costs
+      // 0.3-1.3 ms of CPU. Growing to 1 s, the old cap, made 12 sleeps.
+      assert.ok(timers.length <= 9, `${timers.length} sleeps: ${timers}`);
+      assert.ok(Math.max(...timers) >= 4_000, `${timers}`);
+      assert.deepEqual(timers.slice(0, 4), [1, 4, 16, 64], `${timers}`);
+    } finally {
+      await first.kill();
+      cleanup();
+    }
+  });
+
+  test("a waiter on a plain pidfile's holder, whose end no event reports, looks at least every 250 ms", async () => {
+    const { dir, cleanup } = tempDir();
+    const path = join(dir, "run.lock");
+    // A live process of ours named by a plain pidfile: held, no flock, no
+    // descriptor that a close could be seen on.
+    const sleeper = new Child("sleep.ts", []);
+    try {
+      await sleeper.expect("ready");
+      writeFileSync(path, `${sleeper.pid}\n`);
+      const { result, timers } = await countingTimers(() =>
         acquire(path, { timeout: 1_500 }).then(
           () => undefined,
           (err: unknown) => err,
         )
       );
       assert.ok(result instanceof HeldError, String(result));
-      // 1 ms (an event between the probe and the watch), then the rest of
-      // the 1.5 s. The ramp of before slept 1, 4, 16, 64, 256 ms and then
-      // the cap: about 10 sleeps, each a look costing 0.3-1.3 ms of CPU.
-      assert.ok(timers.length <= 3, `${timers.length} sleeps: ${timers}`);
-      assert.ok(Math.max(...timers) >= 1_000, `${timers}`);
+      assert.ok(Math.max(...timers) <= 250, `sleeps: ${timers}`);
     } finally {
-      await first.kill();
+      await sleeper.kill();
       cleanup();
     }
   });
