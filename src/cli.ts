@@ -92,8 +92,12 @@ export async function main(args: string[], io: CliIo = stdio): Promise<number> {
       case "--help":
       case "-h":
       case "help": {
-        // `help run` is `run --help`.
+        // `help run` is `run --help`; `help nosuch` is a usage error, as
+        // `nosuch` is.
         const about = COMMANDS.find((c) => c.name === rest[0]);
+        if (command === "help" && rest[0] !== undefined && !about) {
+          throw new UsageError(`unknown command '${rest[0]}'`);
+        }
         io.out(about ? commandHelp(about) : help(COMMANDS));
         return 0;
       }

@@ -1592,6 +1592,13 @@ describe("usage", () => {
     }
   });
 
+  test("'help' of an unknown command is the usage error 'runlock nosuch' gives, exit 2, not the general help", () => {
+    const r = cli("help", "nosuch");
+    assert.equal(r.code, 2, r.stdout + r.stderr);
+    assert.equal(r.stdout, "");
+    assert.match(r.stderr, /unknown command 'nosuch'/);
+  });
+
   test("--help describes every command and option, the PostgreSQL form and the exit codes", () => {
     // (Lines wrapped anywhere: compare with the spaces collapsed.)
     const help = cli("--help").stdout.replace(/\s+/g, " ");
