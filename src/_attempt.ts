@@ -114,6 +114,25 @@ function backoffMs(attempt: number): number {
 }
 
 /**
+ * The nearest ancestor of `dir` that exists: where a mkdir -p needed to
+ * write (the directory a refusal is about), or undefined if none is found.
+ */
+function existingAncestor(dir: string): string | undefined {
+  for (let d = dir; d !== "" && d !== ".";) {
+    const slash = d.lastIndexOf("/");
+    const up = slash <= 0 ? (slash === 0 ? "/" : ".") : d.slice(0, slash);
+    try {
+      p.openDir(up).close();
+      return up;
+    } catch (err) {
+      if (errnoOf(err) !== "ENOENT" || up === d) return undefined;
+    }
+    d = up;
+  }
+  return undefined;
+}
+
+/**
  * Resolves the lock's directory once and pins it, creating it (and its
  * parents) if it is missing. Every later call of the acquire, and of the
  * lock it returns, goes through the pinned directory.
@@ -131,7 +150,12 @@ export function pin(lp: LockPath): Target {
       p.mkdirp(lp.dir);
       pinned = p.openDir(lp.dir);
     } catch (err) {
-      throw mapError(err, lp.path, "cannot create the lock's directory");
+      throw mapError(
+        err,
+        lp.path,
+        "cannot create the lock's directory",
+        existingAncestor(lp.dir),
+      );
     }
   }
   return { path: lp.path, dir: lp.dir, name: lp.name, pinned };

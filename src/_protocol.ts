@@ -150,8 +150,17 @@ const PROBE_ACTIONS = new Set([
   "cannot list the directory",
 ]);
 
-/** Maps a failed system call to one of runlock's typed errors. */
-export function mapError(err: unknown, path: string, action: string): Error {
+/**
+ * Maps a failed system call to one of runlock's typed errors. `where`: the
+ * directory the call needed, when it is not the path's own (a missing
+ * parent's first existing ancestor, for mkdir).
+ */
+export function mapError(
+  err: unknown,
+  path: string,
+  action: string,
+  where?: string,
+): Error {
   if (err instanceof RunlockError) return err;
   if (!(err instanceof SysError)) {
     return new RunlockError(path, `${path}: ${action}: ${err}`, {
@@ -159,7 +168,8 @@ export function mapError(err: unknown, path: string, action: string): Error {
     });
   }
   const slash = path.lastIndexOf("/");
-  const dir = slash < 0 ? "." : slash === 0 ? "/" : path.slice(0, slash);
+  const dir = where ??
+    (slash < 0 ? "." : slash === 0 ? "/" : path.slice(0, slash));
   const { code, syscall } = err;
   if (code === "NOTCAPABLE") {
     // The directory Deno wants a grant for: the real one, where the path

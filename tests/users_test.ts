@@ -228,6 +228,21 @@ describe("real users, real permissions", () => {
     assert.deepEqual(readdirSync(dir), []);
   });
 
+  it("missing directories under one user B may not write: acquire's LockPermissionError names that existing directory, not the missing one", async () => {
+    const dir = dirOf("readonly-parent", 0, 0o755);
+    const path = join(dir, "a", "b", "run.lock");
+    const refused = await once(B, ["try", path]);
+    assert.equal(refused.event, "error", JSON.stringify(refused));
+    assert.equal(refused.name, "LockPermissionError");
+    assert.match(
+      String(refused.message),
+      new RegExp(
+        `^${path}: cannot create the lock's directory: permission denied; this user needs read and write access to ${dir}$`,
+      ),
+    );
+    assert.deepEqual(readdirSync(dir), []);
+  });
+
   it("a lock directory user B cannot enter: acquire and probes give LockPermissionError saying so, not a wrong state", async () => {
     const dir = dirOf("closed", 0, 0o700);
     const path = join(dir, "run.lock");
