@@ -112,6 +112,51 @@ function install(line: string, cwd: string, work: string) {
   return env;
 }
 
+/**
+ * The README's "CLI in brief" lines (run, status, ls, wait), in `dir` with
+ * `env`: run holds the lock while ./sync.sh waits for a file named done,
+ * status and ls show it, wait waits, and both end once done appears.
+ */
+async function cliBrief(
+  [run, status, ls, wait]: string[],
+  dir: string,
+  env: Record<string, string>,
+): Promise<void> {
+  const host = hostname();
+  const guarded = background(run, dir, env);
+  await waitFor(() => guarded.out.stdout.includes("syncing"), "run");
+  const held = sh(status, dir, env);
+  assert.equal(held.code, 0, held.stderr);
+  assert.match(
+    held.stdout,
+    new RegExp(`^held by pid \\d+ on ${host} since .*: \\./sync\\.sh\\n$`),
+  );
+  const listed = sh(ls, dir, env);
+  assert.equal(listed.code, 0, listed.stderr);
+  assert.match(
+    listed.stdout,
+    new RegExp(
+      `^held +\\d+ +${host} +.* \\./sync\\.sh +\\.state/run\\.lock$`,
+      "m",
+    ),
+  );
+  // `wait` has begun waiting once it has read the held lock file.
+  const reads = await Reads.watch(
+    join(dir, ".state", "run.lock"),
+    join(dir, "mark"),
+  );
+  const waiting = background(wait, dir, env);
+  try {
+    await reads.reads(1);
+  } finally {
+    await reads.stop();
+  }
+  assert.equal(waiting.child.exitCode, null, "wait returned while held");
+  writeFileSync(join(dir, "done"), "");
+  assert.equal(await guarded.exited, 0, guarded.out.stderr);
+  assert.equal(await waiting.exited, 0, waiting.out.stderr);
+}
+
 const SYNC_SH =
   "#!/bin/sh\necho syncing\nwhile [ ! -e done ]; do sleep 0.05; done\n";
 
@@ -316,38 +361,7 @@ describe("the README and docs, run as written (Deno)", {
       assert.match(run, /^runlock run \.state\/run\.lock -- \.\/sync\.sh /);
       const host = hostname();
 
-      const guarded = background(run, dir, env);
-      await waitFor(() => guarded.out.stdout.includes("syncing"), "run");
-      const held = sh(status, dir, env);
-      assert.equal(held.code, 0, held.stderr);
-      assert.match(
-        held.stdout,
-        new RegExp(`^held by pid \\d+ on ${host} since .*: \\./sync\\.sh\\n$`),
-      );
-      const listed = sh(ls, dir, env);
-      assert.equal(listed.code, 0, listed.stderr);
-      assert.match(
-        listed.stdout,
-        new RegExp(
-          `^held +\\d+ +${host} +.* \\./sync\\.sh +\\.state/run\\.lock$`,
-          "m",
-        ),
-      );
-      // `wait` has begun waiting once it has read the held lock file.
-      const reads = await Reads.watch(
-        join(dir, ".state", "run.lock"),
-        join(dir, "mark"),
-      );
-      const waiting = background(wait, dir, env);
-      try {
-        await reads.reads(1);
-      } finally {
-        await reads.stop();
-      }
-      assert.equal(waiting.child.exitCode, null, "wait returned while held");
-      writeFileSync(join(dir, "done"), "");
-      assert.equal(await guarded.exited, 0, guarded.out.stderr);
-      assert.equal(await waiting.exited, 0, waiting.out.stderr);
+      await cliBrief([run, status, ls, wait], dir, env);
       rmSync(join(dir, "done"));
 
       // docs/cli.md's session.
@@ -729,38 +743,7 @@ describe("the docs' Node and Bun forms, run as written", {
         writeFileSync(join(dir, "sync.sh"), SYNC_SH, { mode: 0o755 });
         const [run, status, ls, wait] = commandLines(readmeBlock("cli-brief"))
           .map((l) => `npx ${l.replace(/\s+#.*$/, "")}`);
-        const host = hostname();
-        const guarded = background(run, dir, env);
-        await waitFor(() => guarded.out.stdout.includes("syncing"), "run");
-        const held = sh(status, dir, env);
-        assert.equal(held.code, 0, held.stderr);
-        assert.match(
-          held.stdout,
-          new RegExp(
-            `^held by pid \\d+ on ${host} since .*: \\./sync\\.sh\\n$`,
-          ),
-        );
-        const listed = sh(ls, dir, env);
-        assert.equal(listed.code, 0, listed.stderr);
-        assert.match(
-          listed.stdout,
-          /^held +\d+ .* \.\/sync\.sh +\.state\/run\.lock$/m,
-        );
-        // `wait` has begun waiting once it has read the held lock file.
-        const reads = await Reads.watch(
-          join(dir, ".state", "run.lock"),
-          join(dir, "mark"),
-        );
-        const waiting = background(wait, dir, env);
-        try {
-          await reads.reads(1);
-        } finally {
-          await reads.stop();
-        }
-        assert.equal(waiting.child.exitCode, null, "wait returned while held");
-        writeFileSync(join(dir, "done"), "");
-        assert.equal(await guarded.exited, 0, guarded.out.stderr);
-        assert.equal(await waiting.exited, 0, waiting.out.stderr);
+        await cliBrief([run, status, ls, wait], dir, env);
       } finally {
         rmSync(dir, { recursive: true, force: true });
       }
