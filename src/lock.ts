@@ -482,8 +482,9 @@ const CLOSE_WATCHED_MAX = 1000;
  * The longest sleep of a waiter whose watches see both a release and the
  * death of its holder (a runlock holder on this host; Node and Bun). Each
  * look costs its process 0.3-1.3 ms of CPU (cold code): at one look a
- * second, 50 waiters burnt 0.75-1.2 CPU-s in 6 s, most of it in looks. The looks still ramp up to it from 1 ms, after every wake too: a
- * burst of holders can outrun a watch, and a missed event then costs
+ * second, 50 waiters burnt 0.75-1.2 CPU-s in 6 s, most of it in looks.
+ * The looks still ramp up to it from 1 ms, after every wake too: a burst
+ * of holders can outrun a watch, and a missed event then costs
  * milliseconds, not the whole sleep.
  */
 const WATCHED_MAX = 5000;

@@ -185,9 +185,7 @@ export function parseRecord(bytes: Uint8Array): Record {
     const eq = line.indexOf("=");
     if (eq < 0) continue;
     const key = line.slice(0, eq);
-    const value = line.endsWith("\r")
-      ? line.slice(eq + 1, -1)
-      : line.slice(eq + 1);
+    const value = chomp(line.slice(eq + 1));
     switch (key) {
       case "host":
         host = value;

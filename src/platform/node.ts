@@ -36,9 +36,6 @@ import { constants as osc, hostname } from "node:os";
 import { dirname } from "node:path";
 import process from "node:process";
 import { AT_FDCWD } from "./_libc_node.ts";
-
-const ESRCH = osc.errno.ESRCH;
-const EPERM = osc.errno.EPERM;
 import { watchClose } from "./_close_node.ts";
 import {
   ffi,
@@ -51,6 +48,8 @@ import {
 import { fsLstat, fsOpenExisting, PathDir, sysError } from "./_fs_node.ts";
 import type { Dir, FileInfo, Handle, Liveness, Platform } from "./types.ts";
 
+const ESRCH = osc.errno.ESRCH;
+const EPERM = osc.errno.EPERM;
 const isBun = typeof (globalThis as { Bun?: unknown }).Bun !== "undefined";
 
 let hostnameCache: string | undefined;
