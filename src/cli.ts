@@ -108,6 +108,18 @@ export async function main(args: string[], io: CliIo = stdio): Promise<number> {
       case undefined:
         throw new UsageError("missing command");
       default:
+        if (command.startsWith("-")) {
+          // `runlock --db=URL status k`: say where options go, not that
+          // '--db' is no command.
+          // Named without its value, which may hold a password.
+          const option = command.split("=")[0];
+          const later = rest.find((a) => COMMANDS.some((c) => c.name === a));
+          const written = option === command ? option : `${option}=...`;
+          throw new UsageError(
+            `'${option}' is an option: write it after the command` +
+              (later ? `, as in 'runlock ${later} ${written} ...'` : ""),
+          );
+        }
         throw new UsageError(`unknown command '${command}'`);
     }
   } catch (err) {

@@ -1461,6 +1461,16 @@ describe("usage", () => {
   const bad: [string, string[], RegExp][] = [
     ["no command", [], /missing command/],
     ["an unknown command", ["stat", "x"], /unknown command 'stat'/],
+    [
+      "an option before the command",
+      ["--db=postgres://u:pw@h/d", "status", "k"],
+      /'--db' is an option: write it after the command, as in 'runlock status --db=\.\.\. \.\.\.'\n/,
+    ],
+    [
+      "an unknown option and no command",
+      ["--jsn"],
+      /'--jsn' is an option: write it after the command\n/,
+    ],
     ["an unknown option", ["status", "--jsn", "x"], /unknown option '--jsn'/],
     ["a missing path", ["status"], /status: missing <path>/],
     ["an extra argument", ["status", "a", "b"], /unexpected argument 'b'/],
