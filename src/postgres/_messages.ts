@@ -49,7 +49,7 @@ export function refused(
   const setup = `\`runlock db-setup --db=URL${
     schema === undefined ? " [--schema=NAME]" : schemaArgument(schema)
   }\``;
-  const probe = action.startsWith("inspect");
+  const probe = /^(inspect|scan|watch)/.test(action);
   const advice = state === "25006"
     // read_only_sql_transaction. runlock's sessions pin
     // default_transaction_read_only = off (see sessionSettings), so a
@@ -76,7 +76,7 @@ export function refused(
     // failed one, so the advice says so instead.
     ? `: ${
       probe
-        ? "probes (inspect, held, activePid) need USAGE on the schema and SELECT on its runlock_locks table, nothing more"
+        ? "probes (inspect, held, activePid, scan, watch) need USAGE on the schema and SELECT on its runlock_locks table, nothing more"
         : "the role needs USAGE on the schema and SELECT, INSERT and UPDATE on its runlock_locks table"
     } (${setup} prints the grants), granted to the role the session runs as: ` +
       "its current_user, another role than the URL's user when that user has " +

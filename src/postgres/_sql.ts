@@ -123,6 +123,7 @@ export interface Statements {
   release: string;
   unlockAll: string;
   inspect: string;
+  scan: string;
   owned: string;
   heartbeat: string;
 }
@@ -344,6 +345,48 @@ export function statements(schema: string): Statements {
       LEFT JOIN pg_catalog.pg_stat_activity a
         ON a.pid OPERATOR(pg_catalog.=) l.pid
       LIMIT 1`,
+
+    // scan() and watch(): every record whose name starts with $1 (a
+    // literal prefix: starts_with, not LIKE, so % and _ are plain
+    // characters), with who holds its key right now, as `inspect` reads one
+    // name. Listed: records not released (backend_pid set: held or stale),
+    // keys held by anyone, and the names in $2 even when free (a watch
+    // passes the names it reported, to see them released). The key is the
+    // record's own column, split into pg_locks' two halves [pglocks]. As in
+    // `inspect`, pg_locks is read after the statement's snapshot, so an
+    // acquire or a release in flight reads half done: a key held by a
+    // session the record does not name (an acquire granted, its record not
+    // yet committed), or, in `record_backend_alive`, a record whose key is
+    // free while the backend it names still lives and started before it
+    // (a release that dropped the key and has not committed yet; without
+    // pg_read_all_stats another role's backend_start reads NULL, and
+    // counts as such too). Callers read again before believing either.
+    // $1 prefix (text), $2 names (text[]).
+    scan: `SELECT r.name, r.key::pg_catalog.text AS key,
+        r.fence::pg_catalog.text AS fence, r.pid, r.host, r.started,
+        r.runtime, r.meta, r.backend_pid,
+        l.pid AS holder_backend, a.application_name AS holder_application,
+        o.pid IS NOT NULL AS record_backend_alive
+      FROM ${table} r
+      LEFT JOIN pg_catalog.pg_locks l
+        ON l.locktype OPERATOR(pg_catalog.=) 'advisory' AND l.granted
+        AND l.database OPERATOR(pg_catalog.=) (
+          SELECT d.oid FROM pg_catalog.pg_database d
+          WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
+        AND l.classid OPERATOR(pg_catalog.=) ((r.key OPERATOR(pg_catalog.>>) 32)
+          OPERATOR(pg_catalog.&) 4294967295)::pg_catalog.oid
+        AND l.objid OPERATOR(pg_catalog.=)
+          (r.key OPERATOR(pg_catalog.&) 4294967295)::pg_catalog.oid
+        AND l.objsubid OPERATOR(pg_catalog.=) 1
+      LEFT JOIN pg_catalog.pg_stat_activity a
+        ON a.pid OPERATOR(pg_catalog.=) l.pid
+      LEFT JOIN pg_catalog.pg_stat_activity o
+        ON l.pid IS NULL AND o.pid OPERATOR(pg_catalog.=) r.backend_pid
+        AND (o.backend_start IS NULL
+          OR o.backend_start OPERATOR(pg_catalog.<=) r.started)
+      WHERE pg_catalog.starts_with(r.name, $1::pg_catalog.text)
+        AND (r.backend_pid IS NOT NULL OR l.pid IS NOT NULL
+          OR r.name OPERATOR(pg_catalog.=) ANY ($2::pg_catalog.text[]))`,
 
     // lock.isOwned(): does this session still hold the key?
     // $1 classid, $2 objid.

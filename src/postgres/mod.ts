@@ -10,6 +10,8 @@
  * lock.fence;  // bigint, strictly increasing per name: pass it with every write
  * lock.signal; // aborted (reason: LockLostError) if the session is lost
  * await locks.inspect("sync/main"); // "free" | "held" | "stale" | "invalid", pid, host, meta, fence
+ * await locks.scan({ prefix: "sync/" }); // every held or stale name, sorted
+ * for await (const changes of locks.watch({ interval: 1_000 })) {} // started, released, crashed, ... by polling
  * ```
  *
  * A separate entry point, so that file-lock users never load a database
@@ -22,11 +24,15 @@
 
 export {
   type PgAcquireOptions,
+  type PgChange,
+  type PgChangeKind,
   type PgInspection,
   type PgLock,
   type PgLocks,
   pgLocks,
   type PgLocksOptions,
+  type PgScanOptions,
+  type PgWatchOptions,
 } from "./pg_locks.ts";
 export { KeyCollisionError } from "./errors.ts";
 export { type PgSetupOptions, pgSetupSql } from "./_schema.ts";

@@ -20,24 +20,39 @@ import {
   type Target,
 } from "./_options.ts";
 import { find, type Found, interpret } from "./_probe.ts";
+import {
+  abortable,
+  checkPrefix,
+  checkSignal,
+  scanLabel,
+  scanTable,
+} from "./_scan.ts";
 import { createTable } from "./_schema.ts";
 import { Session, type SessionConfig, sqlState } from "./_session.ts";
 import { sessionSettings, type Statements, statements } from "./_sql.ts";
 import { KeyCollisionError } from "./errors.ts";
+import { watchLocks } from "./_watch.ts";
 import type {
   PgAcquireOptions,
+  PgChange,
   PgInspection,
   PgLock,
   PgLocks,
   PgLocksOptions,
+  PgScanOptions,
+  PgWatchOptions,
 } from "./types.ts";
 
 export type {
   PgAcquireOptions,
+  PgChange,
+  PgChangeKind,
   PgInspection,
   PgLock,
   PgLocks,
   PgLocksOptions,
+  PgScanOptions,
+  PgWatchOptions,
 } from "./types.ts";
 
 /** Released sessions close after this long unused. */
@@ -228,29 +243,7 @@ class PgLocksImpl implements PgLocks, AcquireHost, LockOwner {
         return await this.#probeSession(name); // another probe replaced it
       }
     }
-    const next = this.#probeConnect(name).then(async (s) => {
-      // A hot standby's pg_locks shows none of the primary's locks (they
-      // are not replicated): its probes would read every held lock stale.
-      const rows = await s.query(
-        this.sql.standby,
-        [],
-        undefined,
-        false,
-        this.statementTimeout,
-      ).catch((err) => {
-        s.destroy();
-        throw this.refused(name, "inspect the lock", err);
-      });
-      if (rows[0]?.standby === true) {
-        await s.close();
-        throw new RunlockError(
-          name,
-          `${name}: cannot inspect the lock: PostgreSQL at ${this.#target.text} is a hot standby (in recovery), ` +
-            `whose pg_locks shows none of the primary's locks (advisory locks are not replicated): point the URL at the primary`,
-        );
-      }
-      return s;
-    });
+    const next = this.openProbe(name, "inspect the lock");
     this.#probe = next;
     next.catch(() => {
       if (this.#probe === next) this.#probe = undefined;
@@ -259,18 +252,51 @@ class PgLocksImpl implements PgLocks, AcquireHost, LockOwner {
   }
 
   /**
+   * A new probe session (the shared one, or a watch's own), checked not to
+   * be a hot standby's: its pg_locks shows none of the primary's locks
+   * (they are not replicated), so its probes would read every held lock
+   * stale. `signal` abandons the connection attempt.
+   */
+  async openProbe(
+    name: string,
+    action: string,
+    signal?: AbortSignal,
+  ): Promise<Session> {
+    const s = await this.#probeConnect(name, signal);
+    const rows = await s.query(
+      this.sql.standby,
+      [],
+      undefined,
+      false,
+      this.statementTimeout,
+    ).catch((err) => {
+      s.destroy();
+      throw this.refused(name, action, err);
+    });
+    if (rows[0]?.standby === true) {
+      await s.close();
+      throw new RunlockError(
+        name,
+        `${name}: cannot ${action}: PostgreSQL at ${this.#target.text} is a hot standby (in recovery), ` +
+          `whose pg_locks shows none of the primary's locks (advisory locks are not replicated): point the URL at the primary`,
+      );
+    }
+    return s;
+  }
+
+  /**
    * A new probe session. A server (or role, or database) at its
    * connection limit may be full of this object's own idle sessions, kept
    * for the next acquire: close one and connect once more.
    */
-  async #probeConnect(name: string): Promise<Session> {
+  async #probeConnect(name: string, signal?: AbortSignal): Promise<Session> {
     try {
-      return await this.#connect(name, undefined, "probe");
+      return await this.#connect(name, signal, "probe");
     } catch (err) {
       const cause = (err as { cause?: unknown } | null)?.cause;
       if (sqlState(cause) !== "53300" || this.#idle.length === 0) throw err;
       await this.#idle.shift()!.session.close();
-      return await this.#connect(name, undefined, "probe");
+      return await this.#connect(name, signal, "probe");
     }
   }
 
@@ -323,6 +349,41 @@ class PgLocksImpl implements PgLocks, AcquireHost, LockOwner {
         throw this.refused(name, "inspect the lock", err);
       }
     }
+  }
+
+  async scan(options?: PgScanOptions): Promise<PgInspection[]> {
+    const o = options ?? {};
+    const prefix = checkPrefix(o.prefix, "scan the locks");
+    const signal = checkSignal(o.signal, "scan the locks");
+    signal?.throwIfAborted();
+    return await abortable(this.#scan(prefix), signal);
+  }
+
+  async #scan(prefix: string): Promise<PgInspection[]> {
+    const label = scanLabel(prefix);
+    for (let attempt = 0;; attempt++) {
+      const session = await this.#probeSession(label);
+      try {
+        const { rows, table } = await scanTable(
+          session,
+          this.sql,
+          this.statementTimeout,
+          prefix,
+          [],
+          this.#tableReady,
+        );
+        this.#tableReady = table;
+        return rows.map((r) => r.info);
+      } catch (err) {
+        // The probe session may have died while idle: one more try.
+        if (attempt === 0 && session.lost !== undefined) continue;
+        throw this.refused(label, "scan the locks", err);
+      }
+    }
+  }
+
+  watch(options?: PgWatchOptions): AsyncIterable<PgChange[]> {
+    return watchLocks(this, options);
   }
 
   /** Whether the table exists, or true when that cannot be asked. */

@@ -237,6 +237,116 @@ export interface PgInspection {
 }
 
 /**
+ * Options for {@linkcode PgLocks.scan}.
+ *
+ * @example The runs of one job, giving up after 5 seconds
+ * ```ts
+ * import type { PgScanOptions } from "@runlock/runlock/postgres";
+ *
+ * const options: PgScanOptions = {
+ *   prefix: "sync/",
+ *   signal: AbortSignal.timeout(5_000),
+ * };
+ * ```
+ */
+export interface PgScanOptions {
+  /**
+   * Only names that start with this text, matched literally (`%` and `_`
+   * are ordinary characters, not wildcards). Default `""`: every name.
+   */
+  prefix?: string;
+  /** Stops the scan: the promise rejects with the signal's reason. */
+  signal?: AbortSignal;
+}
+
+/**
+ * Options for {@linkcode PgLocks.watch}.
+ *
+ * @example Polling every 250 ms until shutdown
+ * ```ts
+ * import type { PgWatchOptions } from "@runlock/runlock/postgres";
+ *
+ * const shutdown = new AbortController();
+ * const options: PgWatchOptions = {
+ *   prefix: "sync/",
+ *   interval: 250,
+ *   signal: shutdown.signal,
+ * };
+ * ```
+ */
+export interface PgWatchOptions {
+  /** Only names that start with this text, literally (as in `scan`). */
+  prefix?: string;
+  /**
+   * Milliseconds from the end of one poll to the start of the next: a
+   * positive finite number. Default 1000.
+   */
+  interval?: number;
+  /** Ends the iteration (and closes the watch's session) when it aborts. */
+  signal?: AbortSignal;
+}
+
+/**
+ * What happened to a lock name, as {@linkcode PgLocks.watch} reports it
+ * (the same kinds as a file watch's):
+ *
+ * - `present`: held or stale when the watch began (first batch only);
+ * - `started`: a run took the free name;
+ * - `released`: its holder released it (or its record was deleted);
+ * - `crashed`: its holder's session ended without releasing it (the
+ *   process died or was killed, `pg_terminate_backend`, a server restart,
+ *   a lost network): the record is stale. Whether the process itself
+ *   still runs, the server cannot tell (its `lock.signal` tells it);
+ * - `taken over`: a new holder (a new fence) after a stale record, or
+ *   after another holder whose end fell between two polls;
+ * - `lost`: the holder's session still holds the key but its record was
+ *   deleted or rewritten under it (by hand: runlock never does); the
+ *   inspection is then a foreign holder's.
+ *
+ * @example Reacting to each kind
+ * ```ts
+ * import type { PgChangeKind } from "@runlock/runlock/postgres";
+ * import assert from "node:assert/strict";
+ *
+ * function verb(kind: PgChangeKind): string {
+ *   return kind === "crashed" ? "died holding" : kind;
+ * }
+ * assert.equal(verb("crashed"), "died holding");
+ * ```
+ */
+export type PgChangeKind =
+  | "present"
+  | "started"
+  | "released"
+  | "crashed"
+  | "taken over"
+  | "lost";
+
+/**
+ * One change {@linkcode PgLocks.watch} reports.
+ *
+ * @example Printing a change
+ * ```ts
+ * import type { PgChange } from "@runlock/runlock/postgres";
+ *
+ * function line(c: PgChange): string {
+ *   return `${c.kind} ${c.path} pid ${c.inspection.pid} on ${c.inspection.host}`;
+ * }
+ * ```
+ */
+export interface PgChange {
+  /** The lock name. */
+  path: string;
+  /** What happened; `present` only in the first batch. */
+  kind: PgChangeKind;
+  /**
+   * What a probe read after the change: for `released`, state `free`;
+   * for `crashed`, `stale` with the last holder's pid, host and meta.
+   */
+  inspection: PgInspection;
+}
+
+/**
  * Locks and probes on one PostgreSQL database, from {@linkcode pgLocks}.
  *
  * @example A run lock across hosts
@@ -294,6 +404,93 @@ export interface PgLocks extends AsyncDisposable {
    * @throws {RunlockError} the server cannot be reached or refuses.
    */
   activePid(name: string): Promise<{ pid: number; alive: boolean }>;
+  /**
+   * The {@linkcode PgInspection} of every lock name in the table that is
+   * held or stale, sorted by name (by UTF-16 code units, whatever the
+   * database's collation), in one statement on the probe session (the
+   * records and `pg_locks` read as {@linkcode PgLocks.inspect} reads
+   * them). Names never taken or released cleanly (state free) are not
+   * listed, as `scan()` of files lists no free lock. Never takes a lock,
+   * writes nothing, creates no table (`[]` without one); needs SELECT on
+   * the table only. A name read half way through an acquire or a release
+   * is read again (about 15 ms at most).
+   *
+   * @param options `prefix` (literal: `%` and `_` are not wildcards) and
+   * `signal`.
+   * @returns The inspections, sorted by name.
+   * @throws {TypeError} `prefix` is not a string of at most 1024
+   * characters without NUL, or `signal` is not an AbortSignal.
+   * @throws {RunlockError} the server cannot be reached or refuses.
+   *
+   * @example Which runs are alive, and which crashed
+   * ```ts
+   * import { pgLocks } from "@runlock/runlock/postgres";
+   * import assert from "node:assert/strict";
+   *
+   * const url = Deno.env.get("RUNLOCK_TEST_PG_URL") ?? "postgres://postgres@127.0.0.1/postgres";
+   * await using locks = pgLocks(url);
+   * const prefix = `example/scan/${Deno.pid}/`;
+   * await using _a = await locks.acquire(`${prefix}sync`, { meta: { cmd: "sync" } });
+   * const b = await locks.acquire(`${prefix}gc`);
+   * await b.release(); // released: free, not listed
+   * const found = await locks.scan({ prefix });
+   * assert.deepEqual(found.map((i) => [i.path, i.state]), [[`${prefix}sync`, "held"]]);
+   * assert.equal(found[0].meta.cmd, "sync");
+   * ```
+   */
+  scan(options?: PgScanOptions): Promise<PgInspection[]>;
+  /**
+   * Watches the lock names (those starting with `prefix`) by polling: one
+   * scan every `interval` ms on a session of the watch's own, compared
+   * with the last. PostgreSQL notifies nobody of an advisory lock taken or
+   * dropped, so a change is seen within an interval (plus a query), and a
+   * run that starts and ends between two polls is not seen (the fence
+   * counts every acquisition). The first batch is the current state (one
+   * `present` per name {@linkcode PgLocks.scan} lists; maybe `[]`), each
+   * later batch the changes one poll found, sorted by name, one per name
+   * (see {@linkcode PgChangeKind}); polls that find nothing yield nothing.
+   * A name read half way through an acquire or a release is reported only
+   * once a second poll reads the same, so no change is reported that a
+   * probe a moment later would contradict.
+   *
+   * A server restart or a dropped connection does not end it: the next
+   * poll opens a new session and reports what changed meanwhile (after a
+   * restart, every holder `crashed`: a restart ends every session). After
+   * 30 s without a poll that succeeded, and at once for the first poll or
+   * any error that is not a lost or refused connection (a missing
+   * privilege), the iteration throws a {@linkcode RunlockError}.
+   *
+   * The `signal` ends the iteration (it returns, without an error) and
+   * closes the session; so does leaving a `for await` loop (`break`,
+   * `return`, a throw).
+   *
+   * @param options `prefix`, `interval` (ms, default 1000), `signal`.
+   * @returns Batches of changes, the first the current state.
+   * @throws {TypeError} at once (before any query): `interval` is not a
+   * positive finite number, `prefix` not a string of at most 1024
+   * characters without NUL, `signal` not an AbortSignal.
+   * @throws {RunlockError} while iterating, as said above.
+   *
+   * @example Seeing a run start and end
+   * ```ts
+   * import { type PgLock, pgLocks } from "@runlock/runlock/postgres";
+   * import assert from "node:assert/strict";
+   *
+   * const url = Deno.env.get("RUNLOCK_TEST_PG_URL") ?? "postgres://postgres@127.0.0.1/postgres";
+   * await using locks = pgLocks(url);
+   * const prefix = `example/watch/${Deno.pid}/`;
+   * const seen: string[] = [];
+   * let lock: PgLock | undefined;
+   * for await (const batch of locks.watch({ prefix, interval: 50 })) {
+   *   seen.push(...batch.map((c) => `${c.kind} ${c.path.slice(prefix.length)}`));
+   *   if (lock === undefined) lock = await locks.acquire(`${prefix}sync`); // after the first batch, []
+   *   else if (!lock.released) await lock.release(); // after "started sync"
+   *   else break; // after "released sync"; leaving the loop closes the watch's session
+   * }
+   * assert.deepEqual(seen, ["started sync", "released sync"]);
+   * ```
+   */
+  watch(options?: PgWatchOptions): AsyncIterable<PgChange[]>;
   /**
    * Closes the probe session and the idle sessions. Held locks keep their
    * sessions until released (then those close too). Idempotent.

@@ -1,0 +1,315 @@
+// PgLocks.watch(): the lock names' changes, by polling the scan statement
+// on a session of the watch's own and comparing each poll with what was
+// reported last. PostgreSQL tells nobody when an advisory lock is taken or
+// dropped (LISTEN/NOTIFY would need every holder's help, and a crashed
+// holder sends nothing), so this polls pg_locks at an interval.
+import { clearTimeout, setTimeout } from "node:timers";
+import { RunlockError } from "../errors.ts";
+import { keyOf, lockTagOf } from "./_key.ts";
+import { find, interpret } from "./_probe.ts";
+import {
+  checkPrefix,
+  checkSignal,
+  scanLabel,
+  type Scanned,
+  scanTable,
+} from "./_scan.ts";
+import { isSessionError, type Session } from "./_session.ts";
+import type { Statements } from "./_sql.ts";
+import type {
+  PgChange,
+  PgChangeKind,
+  PgInspection,
+  PgWatchOptions,
+} from "./types.ts";
+
+/** What a watch needs of its pgLocks object. */
+export interface WatchHost {
+  readonly sql: Statements;
+  readonly schema: string;
+  readonly statementTimeout: number;
+  openProbe(
+    name: string,
+    action: string,
+    signal?: AbortSignal,
+  ): Promise<Session>;
+  refused(name: string, action: string, err: unknown): RunlockError;
+}
+
+/** The default milliseconds between two polls. */
+export const DEFAULT_INTERVAL = 1_000;
+
+/**
+ * How long the polls may keep failing on a lost or refused connection (a
+ * server restarting, a network down) before the watch gives up.
+ */
+export const RECONNECT_MS = 30_000;
+
+const ACTION = "watch the locks";
+
+/** Checks watch()'s `interval`: a positive finite number of milliseconds. */
+function checkInterval(interval: unknown): number {
+  const value = interval ?? DEFAULT_INTERVAL;
+  if (typeof value !== "number" || !Number.isFinite(value) || value <= 0) {
+    throw new TypeError(
+      `Cannot ${ACTION} as 'interval' must be a positive finite number of milliseconds: current value is ${
+        String(value)
+      }`,
+    );
+  }
+  return value;
+}
+
+/** Whether `a` and `b` describe the same holding (or the same stale record). */
+function same(a: PgInspection, b: PgInspection): boolean {
+  return a.state === b.state && a.fence === b.fence && a.pid === b.pid &&
+    a.backendPid === b.backendPid && a.foreign === b.foreign;
+}
+
+/**
+ * The change from what was reported last for a name (`prev`; undefined
+ * when nothing, or free) to what a probe says now, or undefined for none.
+ */
+export function kindOf(
+  prev: PgInspection | undefined,
+  next: PgInspection,
+): PgChangeKind | undefined {
+  const was = prev?.state ?? "free";
+  switch (next.state) {
+    case "free":
+    case "invalid":
+      return was === "held" || was === "stale" ? "released" : undefined;
+    case "stale":
+      return was === "stale" && same(prev!, next) ? undefined : "crashed";
+    case "held":
+      if (was === "free" || was === "invalid") return "started";
+      if (was === "stale") return "taken over";
+      if (same(prev!, next)) return undefined;
+      // The session that held it still does, under no record of its own:
+      // its record was deleted or rewritten by hand.
+      if (
+        !prev!.foreign && next.foreign && prev!.backendPid === next.backendPid
+      ) {
+        return "lost";
+      }
+      // Another holding: the one seen last ended (released or crashed:
+      // both fell between two polls) and a new one began.
+      return "taken over";
+  }
+}
+
+/** Resolves after `ms`, or at once (false) when `signal` aborts. */
+function sleep(ms: number, signal: AbortSignal | undefined): Promise<boolean> {
+  if (signal?.aborted) return Promise.resolve(false);
+  return new Promise((resolve) => {
+    const done = (value: boolean) => {
+      clearTimeout(timer);
+      signal?.removeEventListener("abort", abort);
+      resolve(value);
+    };
+    const abort = () => done(false);
+    const timer = setTimeout(() => done(true), ms);
+    signal?.addEventListener("abort", abort, { once: true });
+  });
+}
+
+/** A name's inspection when its record is gone and no one holds its key. */
+function gone(schema: string, name: string): PgInspection {
+  return interpret(name, keyOf(name, schema), {}).info;
+}
+
+/**
+ * PgLocks.watch(): checks the options at once (before any query), then
+ * returns the iterable; each iteration opens a session of its own.
+ */
+export function watchLocks(
+  host: WatchHost,
+  options: PgWatchOptions | undefined,
+): AsyncIterable<PgChange[]> {
+  const o = options ?? {};
+  const prefix = checkPrefix(o.prefix, ACTION);
+  const interval = checkInterval(o.interval);
+  const signal = checkSignal(o.signal, ACTION);
+  return { [Symbol.asyncIterator]: () => poll(host, prefix, interval, signal) };
+}
+
+async function* poll(
+  host: WatchHost,
+  prefix: string,
+  interval: number,
+  signal: AbortSignal | undefined,
+): AsyncGenerator<PgChange[], void, undefined> {
+  const label = scanLabel(prefix);
+  /** What was reported last, per name not free. */
+  const last = new Map<string, PgInspection>();
+  /** Unsettled reads held back one poll, per name. */
+  const held = new Map<string, PgInspection>();
+  let session: Session | undefined;
+  let table = false;
+  let failingSince: number | undefined;
+  let first = true;
+
+  /** Opens the session if needed and reads the table, or undefined on abort. */
+  const read = async (): Promise<Scanned[] | undefined> => {
+    session ??= await host.openProbe(label, ACTION, signal);
+    const s = session;
+    const work = scanTable(
+      s,
+      host.sql,
+      host.statementTimeout,
+      prefix,
+      [...last.keys()],
+      table,
+    );
+    const stop = () => s.destroy();
+    signal?.addEventListener("abort", stop, { once: true });
+    try {
+      const scan = await work;
+      table = scan.table;
+      return scan.rows;
+    } catch (err) {
+      if (signal?.aborted) return undefined;
+      throw err;
+    } finally {
+      signal?.removeEventListener("abort", stop);
+    }
+  };
+
+  /**
+   * The changes of one poll, with `last` and `held` brought up to date
+   * only when it is complete (a failure half way reports nothing of it:
+   * the next poll compares again, whole).
+   */
+  const compare = async (rows: Scanned[]): Promise<PgChange[]> => {
+    const now = new Map(last);
+    const wait = new Map(held);
+    const changes: PgChange[] = [];
+    const report = (path: string, kind: PgChangeKind, info: PgInspection) => {
+      changes.push({ path, kind, inspection: info });
+      if (info.state === "free") now.delete(path);
+      else now.set(path, info);
+    };
+    const listed = new Set<string>();
+    for (const { info, unsettled } of rows) {
+      listed.add(info.path);
+      const kind = kindOf(now.get(info.path), info);
+      if (kind === undefined) {
+        wait.delete(info.path);
+        // Same holding: keep the newest read (a foreign holder's
+        // application name may change).
+        if (info.state !== "free") now.set(info.path, info);
+        continue;
+      }
+      if (unsettled) {
+        // Read half way through an acquire or a release: reported only
+        // when the next poll reads the same.
+        const before = wait.get(info.path);
+        if (before === undefined || !same(before, info)) {
+          wait.set(info.path, info);
+          continue;
+        }
+      }
+      wait.delete(info.path);
+      report(info.path, kind, info);
+    }
+    // Names reported and now missing from the table: their record was
+    // deleted (by hand: runlock never deletes one). Whoever holds the key
+    // still holds the lock, so each is inspected.
+    for (const [path, prev] of last) {
+      if (listed.has(path)) continue;
+      wait.delete(path);
+      let info = gone(host.schema, path);
+      if (table) {
+        const key = keyOf(path, host.schema);
+        const found = await find(
+          session!,
+          host.sql,
+          host.statementTimeout,
+          path,
+          key,
+          lockTagOf(key),
+        );
+        // A record again (written after our read): the next poll has it.
+        const recorded = found.info.state === "stale" ||
+          (found.info.state === "held" && !found.info.foreign);
+        if (recorded) continue;
+        info = found.info;
+      }
+      const kind = kindOf(prev, info);
+      if (kind !== undefined) report(path, kind, info);
+    }
+    last.clear();
+    for (const [k, v] of now) last.set(k, v);
+    held.clear();
+    for (const [k, v] of wait) held.set(k, v);
+    return changes.sort((a, b) =>
+      a.path < b.path ? -1 : a.path > b.path ? 1 : 0
+    );
+  };
+
+  try {
+    while (!signal?.aborted) {
+      if (!first && !(await sleep(interval, signal))) return;
+      let changes: PgChange[];
+      try {
+        const rows = await read();
+        if (rows === undefined) return; // aborted
+        if (first) {
+          changes = rows.filter((r) => r.info.state !== "free").map((r) => ({
+            path: r.info.path,
+            kind: "present",
+            inspection: r.info,
+          }));
+          for (const { inspection } of changes) {
+            last.set(inspection.path, inspection);
+          }
+        } else {
+          changes = await compare(rows);
+        }
+      } catch (err) {
+        if (signal?.aborted) return;
+        const lost = session?.lost !== undefined;
+        if (lost) session = undefined;
+        const now = performance.now();
+        failingSince ??= now;
+        if (
+          first || !(lost || isConnectError(err)) ||
+          now - failingSince >= RECONNECT_MS
+        ) {
+          throw host.refused(label, ACTION, err);
+        }
+        continue; // the next poll opens a new session
+      }
+      failingSince = undefined;
+      if (first || changes.length > 0) yield changes;
+      first = false;
+    }
+  } finally {
+    const s = session;
+    session = undefined;
+    await s?.close();
+  }
+}
+
+/**
+ * Whether a failure to connect is one a restart or a network outage gives
+ * (the server refused, went away, or is starting or stopping), rather than
+ * one that will stay (a wrong password, a missing grant).
+ */
+function isConnectError(err: unknown): boolean {
+  const cause = err instanceof RunlockError ? err.cause : err;
+  const code = (cause as { code?: unknown } | null)?.code;
+  if (
+    code === "ECONNREFUSED" || code === "ECONNRESET" || code === "EPIPE" ||
+    code === "ETIMEDOUT" || code === "EHOSTUNREACH" || code === "ENETUNREACH"
+  ) {
+    return true;
+  }
+  if (typeof code === "string" && /^[0-9A-Z]{5}$/.test(code)) {
+    // cannot_connect_now (57P03: starting up, shutting down), the
+    // shutdowns (57P01, 57P02), connection exceptions (08xxx).
+    return code.startsWith("57P") || code.startsWith("08");
+  }
+  return cause !== undefined && isSessionError(cause) &&
+    !(cause instanceof TypeError);
+}

@@ -1,0 +1,370 @@
+// PgLocks.scan() and PgLocks.watch() (issue 19): every lock name at once,
+// and their changes by polling, against a real server (the suite's, from
+// RUNLOCK_TEST_PG_URL, or one this file starts) with real holder processes,
+// SIGKILL and pg_terminate_backend. Without PostgreSQL the tests skip
+// loudly, except under CI=true, where that fails.
+import assert from "node:assert/strict";
+import process from "node:process";
+import { after, before, describe, test } from "node:test";
+import { type PgChange, pgLocks, RunlockError } from "../src/postgres/mod.ts";
+import { Child, waitFor } from "./_helpers.ts";
+import {
+  type Cluster,
+  findPgBin,
+  freePort,
+  psql,
+  startCluster,
+} from "./fixtures/pg_cluster.ts";
+
+const hasServer = Boolean(process.env.RUNLOCK_TEST_PG_URL) ||
+  findPgBin() !== undefined;
+const SKIP_MESSAGE =
+  "no PostgreSQL binaries (initdb, pg_ctl) and no RUNLOCK_TEST_PG_URL: PgLocks.scan/watch are NOT tested";
+if (!hasServer) {
+  if (process.env.CI === "true") {
+    test("PostgreSQL is available to the watch tests under CI=true", () => {
+      assert.fail(SKIP_MESSAGE);
+    });
+  } else console.error(`!!! ${SKIP_MESSAGE} !!!`);
+}
+
+let counter = 0;
+/** A name prefix no other test (or earlier run) uses. */
+function unique(label: string): string {
+  return `watch/${process.pid}-${
+    Date.now().toString(36)
+  }/${label}/${counter++}/`;
+}
+
+/** A process holding `name` (see fixtures/pg_child.ts), once it holds it. */
+async function holder(
+  url: string,
+  name: string,
+  options: Record<string, unknown> = {},
+): Promise<{ child: Child; fence: bigint; backendPid: number }> {
+  const child = new Child("pg_child.ts", [
+    "hold",
+    url,
+    name,
+    "0",
+    JSON.stringify(options),
+  ]);
+  const e = await child.expect("acquired");
+  return {
+    child,
+    fence: BigInt(e.fence as string),
+    backendPid: e.backendPid as number,
+  };
+}
+
+/** Rejects after `ms`: a hang detector, far above any expected wait. */
+function hang<T>(work: Promise<T>, what: string, ms = 30_000): Promise<T> {
+  let timer: ReturnType<typeof setTimeout>;
+  return Promise.race([
+    work,
+    new Promise<never>((_, reject) => {
+      timer = setTimeout(
+        () => reject(new Error(`${what}: nothing after ${ms} ms (a hang?)`)),
+        ms,
+      );
+    }),
+  ]).finally(() => clearTimeout(timer));
+}
+
+/**
+ * A watch being read: every change it reported, in order, and a way to
+ * wait for the next ones.
+ */
+class Reader {
+  readonly seen: PgChange[] = [];
+  readonly batches: PgChange[][] = [];
+  readonly #it: AsyncIterator<PgChange[]>;
+  constructor(iterable: AsyncIterable<PgChange[]>) {
+    this.#it = iterable[Symbol.asyncIterator]();
+  }
+  /** The next batch (undefined when the iteration ended). */
+  async batch(): Promise<PgChange[] | undefined> {
+    const r = await hang(this.#it.next(), "the next batch of the watch");
+    if (r.done) return undefined;
+    this.batches.push(r.value);
+    this.seen.push(...r.value);
+    return r.value;
+  }
+  /** Reads batches until one has a change of `kind` for `path`; returns it. */
+  async until(path: string, kind: string): Promise<PgChange> {
+    for (;;) {
+      const batch = await this.batch();
+      if (batch === undefined) {
+        throw new Error(`the watch ended before "${kind}" of ${path}`);
+      }
+      const c = batch.find((c) => c.path === path && c.kind === kind);
+      if (c !== undefined) return c;
+    }
+  }
+  /** The kinds reported for `path`, in order. */
+  kinds(path: string): string[] {
+    return this.seen.filter((c) => c.path === path).map((c) => c.kind);
+  }
+  async close(): Promise<void> {
+    await this.#it.return?.();
+  }
+}
+
+describe("PgLocks.scan and PgLocks.watch", { skip: !hasServer }, () => {
+  let cluster: Cluster;
+  let url: string;
+  before(async () => {
+    cluster = await startCluster();
+    url = cluster.url;
+  });
+  after(() => cluster?.stop());
+
+  /** The URL of `role` on this server. */
+  const as = (role: string) => {
+    const u = new URL(url);
+    u.username = role;
+    u.password = "";
+    return u.href;
+  };
+
+  test("scan() lists held and stale names sorted by name, not free ones, and a prefix matches literally (% and _ are no wildcards)", async () => {
+    await using locks = pgLocks(url);
+    const base = unique("scan");
+    const pct = `${base}a%b/held`;
+    const under = `${base}a_b/stale`;
+    const plain = `${base}aXb/held`;
+    await using _pct = await locks.acquire(pct, { meta: { cmd: "one" } });
+    await using _plain = await locks.acquire(plain);
+    const gone = await holder(url, under);
+    await gone.child.kill();
+    await waitFor(
+      async () => (await locks.inspect(under)).state === "stale",
+      "the SIGKILLed holder's record reads stale",
+    );
+    const released = await locks.acquire(`${base}free`);
+    await released.release();
+
+    const all = await locks.scan({ prefix: base });
+    assert.deepEqual(all.map((i) => [i.path, i.state]), [
+      [pct, "held"], // "%" < "X" < "_" in UTF-16 code units
+      [plain, "held"],
+      [under, "stale"],
+    ]);
+    assert.equal(all[0].pid, process.pid);
+    assert.deepEqual(all[0].meta, { cmd: "one" });
+    assert.equal(all[0].backendPid > 0, true);
+    assert.equal(all[2].pid, gone.child.pid);
+    assert.equal(all[2].fence, gone.fence);
+    // Each as inspect() says it.
+    for (const info of all) {
+      assert.deepEqual(info, await locks.inspect(info.path));
+    }
+    // As LIKE patterns, a%b would match all three, a_b the three too.
+    assert.deepEqual(
+      (await locks.scan({ prefix: `${base}a%` })).map((i) => i.path),
+      [pct],
+    );
+    assert.deepEqual(
+      (await locks.scan({ prefix: `${base}a_` })).map((i) => i.path),
+      [under],
+    );
+    assert.deepEqual(await locks.scan({ prefix: `${base}nothing` }), []);
+    // No prefix: every name, ours among them, sorted.
+    const every = (await locks.scan()).map((i) => i.path);
+    assert.deepEqual(every, [...every].sort());
+    assert.ok([pct, under, plain].every((p) => every.includes(p)));
+  });
+
+  test("scan() and watch() refuse a bad prefix, interval or signal with a TypeError before any query", async () => {
+    // Nothing listens there: any query would fail with a RunlockError.
+    await using locks = pgLocks(
+      `postgres://nobody@127.0.0.1:${await freePort()}/x`,
+    );
+    for (const prefix of [1, "a\0b", "x".repeat(1025)]) {
+      await assert.rejects(
+        locks.scan({ prefix: prefix as string }),
+        (e) => e instanceof TypeError && /'prefix'/.test(e.message),
+      );
+      assert.throws(
+        () => locks.watch({ prefix: prefix as string }),
+        (e) => e instanceof TypeError && /'prefix'/.test(e.message),
+      );
+    }
+    for (const interval of [0, -1, NaN, Infinity, -Infinity, "1000", 10n]) {
+      assert.throws(
+        () => locks.watch({ interval: interval as number }),
+        (e) => e instanceof TypeError && /'interval'/.test(e.message),
+        String(interval),
+      );
+    }
+    assert.throws(
+      () => locks.watch({ signal: "stop" as unknown as AbortSignal }),
+      TypeError,
+    );
+    // And a good one does query: the first batch's error is a RunlockError.
+    const it = locks.watch({ interval: 10 })[Symbol.asyncIterator]();
+    await assert.rejects(it.next(), RunlockError);
+    await assert.rejects(locks.scan(), RunlockError);
+  });
+
+  test("watch() reports present, started, released, crashed (SIGKILL and pg_terminate_backend) and taken over, each once, with the probe after it", async () => {
+    await using locks = pgLocks(url);
+    const base = unique("kinds");
+    const [before, run, killed, evicted] = [
+      "before",
+      "run",
+      "killed",
+      "evicted",
+    ]
+      .map((l) => base + l);
+    await using _before = await locks.acquire(before);
+    const w = new Reader(locks.watch({ prefix: base, interval: 20 }));
+    try {
+      const first = await w.batch();
+      assert.deepEqual(
+        first?.map((c) => [c.path, c.kind, c.inspection.state]),
+        [
+          [before, "present", "held"],
+        ],
+      );
+
+      // started, then released.
+      const a = await holder(url, run);
+      const started = await w.until(run, "started");
+      assert.equal(started.inspection.state, "held");
+      assert.equal(started.inspection.pid, a.child.pid);
+      assert.equal(started.inspection.fence, a.fence);
+      a.child.send("release");
+      await a.child.expect("released");
+      const released = await w.until(run, "released");
+      assert.equal(released.inspection.state, "free");
+      a.child.send("exit");
+      await a.child.exited;
+
+      // crashed: the holder SIGKILLed; then taken over by the next one.
+      const b = await holder(url, killed);
+      await w.until(killed, "started");
+      await b.child.kill();
+      const crashed = await w.until(killed, "crashed");
+      assert.equal(crashed.inspection.state, "stale");
+      assert.equal(crashed.inspection.pid, b.child.pid);
+      assert.equal(crashed.inspection.fence, b.fence);
+      const c = await holder(url, killed);
+      const over = await w.until(killed, "taken over");
+      assert.equal(over.inspection.state, "held");
+      assert.equal(over.inspection.pid, c.child.pid);
+      assert.ok(over.inspection.fence! > b.fence);
+
+      // crashed: the holder's backend terminated (its process lives on).
+      const d = await holder(url, evicted);
+      await w.until(evicted, "started");
+      psql(url, "SELECT pg_terminate_backend(:'pid')", {
+        pid: String(d.backendPid),
+      });
+      await d.child.expect("lost");
+      const evictedChange = await w.until(evicted, "crashed");
+      assert.equal(evictedChange.inspection.pid, d.child.pid);
+
+      // Each change once, in order per name; nothing of a name not touched.
+      assert.deepEqual(w.kinds(before), ["present"]);
+      assert.deepEqual(w.kinds(run), ["started", "released"]);
+      assert.deepEqual(w.kinds(killed), ["started", "crashed", "taken over"]);
+      assert.deepEqual(w.kinds(evicted), ["started", "crashed"]);
+      for (const x of [c, d]) {
+        x.child.send("exit");
+        await x.child.exited;
+      }
+    } finally {
+      await w.close();
+    }
+  });
+
+  test("watch() works with a schema of its own and a role whose search_path, isolation level and synchronous_commit are not the defaults", async () => {
+    const role = `watch_role_${process.pid}_${counter++}`;
+    const schema = `watch schema ${process.pid}`;
+    // An impostor starts_with (always true) first in the role's path: a
+    // prefix of ours would match every name if it were called.
+    psql(
+      url,
+      [
+        `CREATE ROLE ${role} LOGIN`,
+        `CREATE SCHEMA "${schema}" AUTHORIZATION ${role}`,
+        `CREATE FUNCTION "${schema}".starts_with(text, text) RETURNS boolean LANGUAGE sql AS 'SELECT true'`,
+        `ALTER ROLE ${role} SET search_path = "${schema}", pg_catalog`,
+        `ALTER ROLE ${role} SET default_transaction_isolation = 'serializable'`,
+        `ALTER ROLE ${role} SET synchronous_commit = off`,
+        "",
+      ].join(";\n"),
+    );
+    const roleUrl = as(role);
+    const options = { schema };
+    await using locks = pgLocks(roleUrl, options);
+    await using plain = pgLocks(url); // schema public: another namespace
+    const base = unique("settings");
+    const name = `${base}job`;
+    await using _other = await locks.acquire(`${unique("elsewhere")}x`);
+    await using _public = await plain.acquire(name); // same name, public
+    const w = new Reader(locks.watch({ prefix: base, interval: 20 }));
+    try {
+      assert.deepEqual(await w.batch(), []);
+      const a = await holder(roleUrl, name, options);
+      const started = await w.until(name, "started");
+      assert.equal(started.inspection.pid, a.child.pid);
+      await a.child.kill();
+      await w.until(name, "crashed");
+      const b = await holder(roleUrl, name, options);
+      await w.until(name, "taken over");
+      assert.deepEqual(w.kinds(name), ["started", "crashed", "taken over"]);
+      assert.ok(w.seen.every((c) => c.path === name));
+      assert.deepEqual(
+        (await locks.scan({ prefix: base })).map((i) => [i.path, i.pid]),
+        [[name, b.child.pid]],
+      );
+      b.child.send("exit");
+      await b.child.exited;
+    } finally {
+      await w.close();
+    }
+  });
+
+  /** Sessions of `role` on the server. */
+  const sessionsOf = (role: string) =>
+    Number(psql(
+      url,
+      "SELECT count(*) FROM pg_stat_activity WHERE usename = :'role'",
+      { role },
+    ));
+
+  test("watch() ends when its signal aborts, also in the middle of a long interval, and closes its session; so does break", async () => {
+    const role = `watch_stop_${process.pid}_${counter++}`;
+    await using setup = pgLocks(url);
+    await (await setup.acquire(unique("table"))).release(); // the table exists
+    psql(
+      url,
+      `CREATE ROLE ${role} LOGIN; GRANT SELECT ON public.runlock_locks TO ${role}`,
+    );
+    await using locks = pgLocks(as(role));
+    const stop = new AbortController();
+    // An hour between polls: only the signal can end the wait.
+    const w = new Reader(
+      locks.watch({ interval: 3_600_000, signal: stop.signal }),
+    );
+    await w.batch();
+    assert.equal(sessionsOf(role), 1);
+    const ended = w.batch();
+    stop.abort();
+    assert.equal(await ended, undefined);
+    await waitFor(() => sessionsOf(role) === 0, "the watch's session closed");
+
+    for await (const _batch of locks.watch({ interval: 3_600_000 })) {
+      assert.equal(sessionsOf(role), 1);
+      break;
+    }
+    await waitFor(() => sessionsOf(role) === 0, "the session closed by break");
+
+    // Aborted before it began: no batch, no session.
+    const none = new Reader(locks.watch({ signal: AbortSignal.abort() }));
+    assert.equal(await none.batch(), undefined);
+    assert.equal(sessionsOf(role), 0);
+  });
+});
