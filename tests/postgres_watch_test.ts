@@ -12,7 +12,9 @@ import {
   type Cluster,
   findPgBin,
   freePort,
+  keyBySql,
   psql,
+  psqlSession,
   startCluster,
 } from "./fixtures/pg_cluster.ts";
 
@@ -55,6 +57,27 @@ async function holder(
     fence: BigInt(e.fence as string),
     backendPid: e.backendPid as number,
   };
+}
+
+/** The backends granted the advisory lock of `name` (schema public). */
+function keyHolders(url: string, name: string): number[] {
+  const out = psql(
+    url,
+    `SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 1
+       AND classid = ((:'key'::bigint >> 32) & 4294967295)::oid
+       AND objid = (:'key'::bigint & 4294967295)::oid`,
+    { key: keyBySql(url, name) },
+  );
+  return out === "" ? [] : out.split("\n").map(Number);
+}
+
+/** Whether backend `pid` waits for a lock (a row lock, here). */
+function waitsOnLock(url: string, pid: number): boolean {
+  return psql(
+    url,
+    "SELECT wait_event_type FROM pg_stat_activity WHERE pid = :'pid'",
+    { pid: String(pid) },
+  ) === "Lock";
 }
 
 /** Rejects after `ms`: a hang detector, far above any expected wait. */
@@ -327,6 +350,79 @@ describe("PgLocks.scan and PgLocks.watch", { skip: !hasServer }, () => {
     }
   });
 
+  test("watch() reads a release or an acquire whose statement has not committed yet as what it will be: released (never crashed), then started by its holder (never by a foreign session)", async () => {
+    await using locks = pgLocks(url);
+    const base = unique("inflight");
+    const name = `${base}job`;
+    const marker = `${base}marker`;
+    const a = await holder(url, name);
+    const w = new Reader(locks.watch({ prefix: base, interval: 20 }));
+    const row = psqlSession(url);
+    try {
+      assert.deepEqual((await w.batch())?.map((c) => c.kind), ["present"]);
+      /** At least two polls from now: a marker's start, then its end. */
+      const twoPolls = async () => {
+        const m = await locks.acquire(marker);
+        await w.until(marker, "started");
+        await m.release();
+        await w.until(marker, "released");
+      };
+      // The record's row locked by hand: the release statement drops the
+      // key, then its UPDATE of the record waits for the row.
+      const lockRow = (tag: string) => {
+        row.send("BEGIN;");
+        row.send(
+          `SELECT '${tag}' FROM public.runlock_locks WHERE name = '${name}' FOR UPDATE;`,
+        );
+        return row.until(new RegExp(tag));
+      };
+      await lockRow("row-locked-1");
+      a.child.send("release");
+      await waitFor(
+        () =>
+          keyHolders(url, name).length === 0 && waitsOnLock(url, a.backendPid),
+        "the release half done: the key dropped, the record not yet written",
+      );
+      // inspect() reads it stale now; the watch, what it will be.
+      assert.equal((await locks.inspect(name)).state, "stale");
+      await twoPolls();
+      assert.deepEqual(w.kinds(name), ["present", "released"]);
+      assert.equal(
+        w.seen.find((c) => c.path === name && c.kind === "released")
+          ?.inspection.state,
+        "free",
+      );
+      row.send("COMMIT;");
+      await a.child.expect("released");
+      a.child.send("exit");
+      await a.child.exited;
+
+      // An acquire whose key is granted and whose record waits for the row.
+      await lockRow("row-locked-2");
+      const b = new Child("pg_child.ts", ["hold", url, name, "0", "{}"]);
+      let bBackend = 0;
+      await waitFor(() => {
+        bBackend = keyHolders(url, name)[0] ?? 0;
+        return bBackend !== 0 && waitsOnLock(url, bBackend);
+      }, "the acquire half done: the key granted, the record not yet written");
+      assert.equal((await locks.inspect(name)).foreign, true);
+      await twoPolls();
+      assert.deepEqual(w.kinds(name), ["present", "released"]);
+      row.send("COMMIT;");
+      await b.expect("acquired");
+      const started = await w.until(name, "started");
+      assert.equal(started.inspection.foreign, false);
+      assert.equal(started.inspection.pid, b.pid);
+      assert.equal(started.inspection.backendPid, bBackend);
+      assert.deepEqual(w.kinds(name), ["present", "released", "started"]);
+      b.send("exit");
+      await b.exited;
+    } finally {
+      await row.close();
+      await w.close();
+    }
+  });
+
   /** Sessions of `role` on the server. */
   const sessionsOf = (role: string) =>
     Number(psql(
@@ -366,5 +462,41 @@ describe("PgLocks.scan and PgLocks.watch", { skip: !hasServer }, () => {
     const none = new Reader(locks.watch({ signal: AbortSignal.abort() }));
     assert.equal(await none.batch(), undefined);
     assert.equal(sessionsOf(role), 0);
+  });
+});
+
+describe("PgLocks.watch through a server restart", {
+  skip: findPgBin() === undefined,
+}, () => {
+  let cluster: Cluster;
+  before(async () => {
+    cluster = await startCluster({ own: true }); // this file restarts it
+  });
+  after(() => cluster?.stop());
+
+  test("watch() keeps going through a server restart: the holder crashed, then its successor taken over, seen on a new session", async () => {
+    const url = cluster.url;
+    await using locks = pgLocks(url);
+    const base = unique("restart");
+    const name = `${base}job`;
+    const a = await holder(url, name);
+    const w = new Reader(locks.watch({ prefix: base, interval: 20 }));
+    try {
+      assert.deepEqual((await w.batch())?.map((c) => c.kind), ["present"]);
+      cluster.restart("fast");
+      await a.child.expect("lost");
+      const crashed = await w.until(name, "crashed");
+      assert.equal(crashed.inspection.pid, a.child.pid);
+      const b = await holder(url, name);
+      const over = await w.until(name, "taken over");
+      assert.equal(over.inspection.pid, b.child.pid);
+      assert.deepEqual(w.kinds(name), ["present", "crashed", "taken over"]);
+      for (const x of [a, b]) {
+        x.child.send("exit");
+        await x.child.exited;
+      }
+    } finally {
+      await w.close();
+    }
   });
 });

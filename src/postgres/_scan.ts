@@ -10,11 +10,16 @@ import type { PgInspection } from "./types.ts";
 export interface Scanned {
   info: PgInspection;
   /**
-   * The row was read half way through an acquire or a release (see the
-   * `scan` statement): `info` says what a probe would say right now, but
-   * a look a moment later may well say otherwise.
+   * How sure the read is (see the `scan` statement):
+   * - `settled`: what a probe says, and will say until something happens;
+   * - `pending`: an acquire in flight (the key granted, its holder still
+   *   in the statement that writes the record): `info` says what a probe
+   *   says now (a foreign holder), not what it will say once it commits;
+   * - `unsettled`: maybe half way through an acquire or a release (who
+   *   holds the key, or whether the record's backend is the holder's,
+   *   could not be told): a look a moment later may say otherwise.
    */
-  unsettled: boolean;
+  certainty: "settled" | "pending" | "unsettled";
 }
 
 /** Pauses before each read again of a scan that read something unsettled. */
@@ -86,12 +91,25 @@ async function readOnce(
     // gives one row per session: the name once is enough.
     if (seen.has(name)) continue;
     seen.add(name);
-    const { info } = interpret(name, BigInt(row.key as string), row);
-    out.push({
-      info,
-      unsettled: info.foreign ||
-        (info.state === "stale" && row.record_backend_alive === true),
-    });
+    let { info } = interpret(name, BigInt(row.key as string), row);
+    let certainty: Scanned["certainty"] = "settled";
+    if (info.foreign) {
+      certainty = row.holder_state === "active"
+        ? "pending"
+        : row.holder_state === null
+        ? "unsettled"
+        : "settled"; // an idle session holds it: another application's
+    } else if (info.state === "stale" && row.record_backend_alive === true) {
+      if (row.record_backend_checked === true) {
+        // The holder dropped the key and its release is committing: what
+        // every probe will say once it has. (A backend_start after the
+        // record's start would be a later backend with a recycled pid:
+        // not joined, so the record reads stale.)
+        info = interpret(name, 0n, { fence: row.fence, backend_pid: null })
+          .info;
+      } else certainty = "unsettled";
+    }
+    out.push({ info, certainty });
   }
   return out.sort((a, b) =>
     a.info.path < b.info.path ? -1 : a.info.path > b.info.path ? 1 : 0
@@ -100,11 +118,11 @@ async function readOnce(
 
 /**
  * Every name of the table that starts with `prefix` (literally) and is
- * held or stale, plus the `names` given even when they are free; sorted by
- * name. What was read half way through an acquire or a release is read
- * again, three times at most (about 15 ms), and comes back `unsettled` if
- * it is still so then. Statement errors propagate (a missing table:
- * SQLSTATE 42P01).
+ * held or stale, plus the `names` given even when they are free (and
+ * those whose release is committing); sorted by name. What was read half
+ * way through an acquire or a release is read again, three times at most
+ * (about 15 ms), and comes back `pending` or `unsettled` if it is still so
+ * then. Statement errors propagate (a missing table: SQLSTATE 42P01).
  *
  * @param session A probe session.
  * @param sql The statements of the table.
@@ -122,7 +140,7 @@ export async function scanRows(
 ): Promise<Scanned[]> {
   let found = await readOnce(session, sql, timeout, prefix, names);
   for (const ms of AGAIN_MS) {
-    if (!found.some((s) => s.unsettled)) break;
+    if (found.every((s) => s.certainty === "settled")) break;
     await new Promise((r) => setTimeout(r, ms));
     found = await readOnce(session, sql, timeout, prefix, names);
   }

@@ -353,20 +353,26 @@ export function statements(schema: string): Statements {
     // keys held by anyone, and the names in $2 even when free (a watch
     // passes the names it reported, to see them released). The key is the
     // record's own column, split into pg_locks' two halves [pglocks]. As in
-    // `inspect`, pg_locks is read after the statement's snapshot, so an
-    // acquire or a release in flight reads half done: a key held by a
-    // session the record does not name (an acquire granted, its record not
-    // yet committed), or, in `record_backend_alive`, a record whose key is
-    // free while the backend it names still lives and started before it
-    // (a release that dropped the key and has not committed yet; without
-    // pg_read_all_stats another role's backend_start reads NULL, and
-    // counts as such too). Callers read again before believing either.
+    // `inspect`, pg_locks is read after the statement's snapshot, and an
+    // acquire or a release in flight (its commit may wait, for a WAL flush
+    // or a synchronous standby) reads half done:
+    // - a key held by a session the record does not name: an acquire
+    //   granted, its record not yet committed, while `holder_state` is
+    //   'active' (the holder is still in its statement);
+    // - `record_backend_alive`: a record whose key is free while the
+    //   backend it names still lives and started before it: a release
+    //   that dropped the key and has not committed yet. Without
+    //   pg_read_all_stats (or membership in the role) another role's
+    //   backend_start and state read NULL (`record_backend_checked`
+    //   false): such a backend may be a later one with a dead holder's pid.
     // $1 prefix (text), $2 names (text[]).
     scan: `SELECT r.name, r.key::pg_catalog.text AS key,
         r.fence::pg_catalog.text AS fence, r.pid, r.host, r.started,
         r.runtime, r.meta, r.backend_pid,
         l.pid AS holder_backend, a.application_name AS holder_application,
-        o.pid IS NOT NULL AS record_backend_alive
+        a.state AS holder_state,
+        o.pid IS NOT NULL AS record_backend_alive,
+        o.backend_start IS NOT NULL AS record_backend_checked
       FROM ${table} r
       LEFT JOIN pg_catalog.pg_locks l
         ON l.locktype OPERATOR(pg_catalog.=) 'advisory' AND l.granted

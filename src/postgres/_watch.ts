@@ -85,12 +85,12 @@ export function kindOf(
       if (was === "free" || was === "invalid") return "started";
       if (was === "stale") return "taken over";
       if (same(prev!, next)) return undefined;
-      // The session that held it still does, under no record of its own:
-      // its record was deleted or rewritten by hand.
       if (
-        !prev!.foreign && next.foreign && prev!.backendPid === next.backendPid
+        prev!.backendPid === next.backendPid && prev!.foreign !== next.foreign
       ) {
-        return "lost";
+        // Its record was deleted or rewritten by hand: "lost". Or the
+        // record of the session seen holding the key has been committed.
+        return next.foreign ? "lost" : undefined;
       }
       // Another holding: the one seen last ended (released or crashed:
       // both fell between two polls) and a new one began.
@@ -190,8 +190,10 @@ async function* poll(
       else now.set(path, info);
     };
     const listed = new Set<string>();
-    for (const { info, unsettled } of rows) {
+    for (const { info, certainty } of rows) {
       listed.add(info.path);
+      // An acquire committing: reported once it has.
+      if (certainty === "pending") continue;
       const kind = kindOf(now.get(info.path), info);
       if (kind === undefined) {
         wait.delete(info.path);
@@ -200,8 +202,8 @@ async function* poll(
         if (info.state !== "free") now.set(info.path, info);
         continue;
       }
-      if (unsettled) {
-        // Read half way through an acquire or a release: reported only
+      if (certainty === "unsettled") {
+        // Maybe half way through an acquire or a release: reported only
         // when the next poll reads the same.
         const before = wait.get(info.path);
         if (before === undefined || !same(before, info)) {
@@ -255,7 +257,10 @@ async function* poll(
         const rows = await read();
         if (rows === undefined) return; // aborted
         if (first) {
-          changes = rows.filter((r) => r.info.state !== "free").map((r) => ({
+          // Not an acquire still committing: its "started" comes later.
+          changes = rows.filter((r) =>
+            r.info.state !== "free" && r.certainty !== "pending"
+          ).map((r) => ({
             path: r.info.path,
             kind: "present",
             inspection: r.info,
