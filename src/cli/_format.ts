@@ -30,6 +30,19 @@ export function ago(ms: number): string {
   return `${Math.floor(s / 86400)}d ago`;
 }
 
+/**
+ * In how many ms {@linkcode ago} of an age of `ms` says something else
+ * ("7s ago" turns "8s ago" in a second, "3m ago" "4m ago" within a minute):
+ * when a live table must redraw an age, and not before.
+ */
+export function agoChangesIn(ms: number): number {
+  const s = Math.max(0, Math.round(ms / 1000));
+  const unit = s < 60 ? 1 : s < 3600 ? 60 : s < 86400 ? 3600 : 86400;
+  const next = (Math.floor(s / unit) + 1) * unit;
+  // ago() rounds: it says `next` from next - 0.5 s on.
+  return Math.max(1, (next - 0.5) * 1000 - ms);
+}
+
 /** A duration as "7s", "3m05s", "2h04m". */
 export function elapsed(ms: number): string {
   const s = Math.max(0, Math.floor(ms / 1000));
@@ -40,7 +53,7 @@ export function elapsed(ms: number): string {
 }
 
 /** A local time as "09:52:11", with the date when it is not today. */
-function clock(date: Date, now: Date): string {
+export function clock(date: Date, now: Date): string {
   const pad = (n: number) => String(n).padStart(2, "0");
   const time = `${pad(date.getHours())}:${pad(date.getMinutes())}:${
     pad(date.getSeconds())
@@ -108,6 +121,41 @@ export function pidWarning(info: Info): string | undefined {
     default:
       return `pid ${pid} does not name the same process here: ${kill}`;
   }
+}
+
+/**
+ * The columns `runlock ls` prints for a lock: state, pid, host, since (an
+ * age, from `now` in ms), command (for `invalid`: what is wrong), path.
+ */
+export function lsCells(info: Info, now: number): string[] {
+  return [
+    info.state,
+    info.pid === 0 ? "-" : String(info.pid),
+    info.host || "-",
+    info.started ? ago(now - info.started.getTime()) : "-",
+    info.state === "invalid" ? info.reason ?? "-" : info.meta.cmd || "-",
+    info.path,
+  ];
+}
+
+/**
+ * Rows of cells as lines, each column padded to its widest cell (in code
+ * points) and two spaces apart; the last column is not padded.
+ */
+export function alignRows(rows: readonly string[][]): string[] {
+  const widths: number[] = [];
+  for (const row of rows) {
+    row.forEach((cell, i) => {
+      widths[i] = Math.max(widths[i] ?? 0, [...cell].length);
+    });
+  }
+  return rows.map((row) =>
+    row.map((cell, i) =>
+      i === row.length - 1
+        ? cell
+        : cell + " ".repeat(widths[i] - [...cell].length)
+    ).join("  ")
+  );
 }
 
 /** An Info as JSON: dates as ISO strings, bigints as strings, no undefined. */

@@ -1,0 +1,388 @@
+/**
+ * What `runlock ls --watch` prints as the locks change, and how it stops:
+ * a live table redrawn in place on a terminal, one JSON line per change
+ * (`--json`), or one plain line per change; ended by a signal (SIGINT,
+ * SIGTERM, SIGHUP) or by a reader that has gone (EPIPE: `| head -n 3`).
+ *
+ * @module
+ */
+
+import { isAbsolute, relative } from "node:path";
+import process from "node:process";
+import {
+  agoChangesIn,
+  alignRows,
+  clip,
+  clock,
+  type Info,
+  lsCells,
+  toJson,
+} from "./_format.ts";
+import type { CliIo } from "./_io.ts";
+
+/**
+ * One change as `ls --watch` shows it: a file lock's (`Change` of
+ * `watch()`) or a PostgreSQL lock's (`PgChange`), its inspection completed
+ * to an {@linkcode Info}.
+ */
+export interface LiveChange {
+  /** The lock file, or the lock name. */
+  path: string;
+  /** `present` (first batch only), `started`, `released`, ... */
+  kind: string;
+  /** The lock after the change. */
+  inspection: Info;
+}
+
+/** Where the batches of changes go: one of the three forms below. */
+export interface Sink {
+  /** Shows one batch of changes (the first: the current state). */
+  batch(changes: readonly LiveChange[]): void;
+  /** Undoes what it did to the terminal, if anything; idempotent. */
+  close(): void;
+}
+
+/** The signals that end `ls --watch`: exit 128 + N, as `run`'s wait. */
+export const ENDING: readonly NodeJS.Signals[] = [
+  "SIGINT",
+  "SIGTERM",
+  "SIGHUP",
+];
+
+/** Whether `err` says that the reader of our output has gone. */
+function brokenPipe(err: unknown): boolean {
+  const e = err as { code?: string; name?: string };
+  return e?.code === "EPIPE" || e?.name === "BrokenPipe";
+}
+
+/**
+ * Writes `text` through `write`, unless the watch has stopped; a reader
+ * that has gone (a synchronous EPIPE, as some runtime may throw) stops it.
+ */
+function guarded(
+  stop: AbortController,
+  write: (text: string) => void,
+): (text: string) => void {
+  return (text) => {
+    if (stop.signal.aborted) return;
+    try {
+      write(text);
+    } catch (err) {
+      if (!brokenPipe(err)) throw err;
+      stop.abort("EPIPE");
+    }
+  };
+}
+
+/**
+ * `--json`: one line per change, `{"kind": ..., ...}` with the fields
+ * `ls --json` gives per lock. Each line is one write of its own, so that
+ * a log shipper reading the pipe gets it as it happens.
+ */
+export function jsonSink(io: CliIo, stop: AbortController): Sink {
+  const out = guarded(stop, io.out);
+  return {
+    batch(changes) {
+      for (const c of changes) {
+        out(JSON.stringify({
+          kind: c.kind,
+          ...toJson({ ...c.inspection, path: c.path }),
+        }));
+      }
+    },
+    close() {},
+  };
+}
+
+/**
+ * Not a terminal, no `--json`: one plain line per change, the kind and
+ * then the columns of `runlock ls` (a batch aligned in columns). After a
+ * release the lock is free: its line keeps the pid, host, age and command
+ * of the run that ended, as last seen, which is what a reader wants to
+ * know.
+ */
+export function lineSink(io: CliIo, stop: AbortController): Sink {
+  const out = guarded(stop, io.out);
+  const last = new Map<string, Info>();
+  return {
+    batch(changes) {
+      const now = Date.now();
+      const rows = changes.map((c) => {
+        const before = last.get(c.path);
+        const shown = c.inspection.state === "free" && before
+          ? { ...before, state: "free" as const, path: c.path }
+          : { ...c.inspection, path: c.path };
+        if (c.inspection.state === "free") last.delete(c.path);
+        else last.set(c.path, c.inspection);
+        return [c.kind, ...lsCells(shown, now)];
+      });
+      for (const line of alignRows(rows)) out(line);
+    },
+    close() {},
+  };
+}
+
+// The terminal's escape sequences (ECMA-48 and xterm's private modes).
+const ALT_SCREEN_ON = "\x1b[?1049h";
+const ALT_SCREEN_OFF = "\x1b[?1049l";
+const CURSOR_HIDE = "\x1b[?25l";
+const CURSOR_SHOW = "\x1b[?25h";
+const WRAP_OFF = "\x1b[?7l";
+const WRAP_ON = "\x1b[?7h";
+const HOME = "\x1b[H";
+const CLEAR_SCREEN = "\x1b[2J";
+const CLEAR_LINE_END = "\x1b[K";
+const CLEAR_BELOW = "\x1b[J";
+
+/** The table's column titles, in `runlock ls`'s order. */
+const HEADER = ["STATE", "PID", "HOST", "SINCE", "COMMAND", "PATH"];
+/** The command column's index, the one cut first on a narrow terminal. */
+const COMMAND = 4;
+/** The fewest characters the command column is cut to. */
+const COMMAND_MIN = 8;
+
+/** What the table is drawn on: a terminal's size and its output. */
+export interface Screen {
+  /** The terminal's width and height now. */
+  size(): { columns: number; rows: number };
+  /** Writes to the terminal. */
+  write(text: string): void;
+}
+
+/** The terminal that stdout is. */
+export const stdoutScreen: Screen = {
+  size: () => ({
+    columns: process.stdout.columns || 80,
+    rows: process.stdout.rows || 24,
+  }),
+  write: (text) => {
+    process.stdout.write(text);
+  },
+};
+
+/**
+ * The live table on a terminal: on the alternate screen (as top and less
+ * use it), the lock rows under a title and a header, redrawn in place
+ * when a batch changes them, when the terminal is resized, and when an
+ * age in the "since" column would read otherwise: once a second while an
+ * age is under a minute, once a minute after that, and never while no row
+ * shows an age. Lines are cut to the width (the command column first),
+ * never wrapped; rows beyond the height are counted on the last line.
+ */
+export class LiveTable implements Sink {
+  readonly #screen: Screen;
+  readonly #title: string;
+  readonly #base: string | undefined;
+  readonly #rows = new Map<string, Info>();
+  #last = "";
+  #frame: string | undefined;
+  #timer: ReturnType<typeof setTimeout> | undefined;
+  #on = false;
+  #closed = false;
+
+  /**
+   * A table on `screen`, under the title `title` (what is watched), which
+   * names the last change's path from `base` (the watched directory); it
+   * takes the screen at once.
+   */
+  constructor(screen: Screen, title: string, base?: string) {
+    this.#screen = screen;
+    this.#title = title;
+    this.#base = base;
+    this.resume();
+  }
+
+  /** `path` as the title names it: from the watched directory, if under it. */
+  #short(path: string): string {
+    if (this.#base === undefined) return path;
+    const from = relative(this.#base, path);
+    return from === "" || from.startsWith("..") || isAbsolute(from)
+      ? path
+      : from;
+  }
+
+  batch(changes: readonly LiveChange[]): void {
+    if (this.#closed) return;
+    for (const c of changes) {
+      if (c.inspection.state === "free") this.#rows.delete(c.path);
+      else this.#rows.set(c.path, { ...c.inspection, path: c.path });
+      if (c.kind !== "present") {
+        this.#last = `last: ${c.kind} ${this.#short(c.path)} at ${
+          clock(new Date(), new Date())
+        }`;
+      }
+    }
+    this.draw();
+  }
+
+  /** The lines of the table now, each cut to `columns`. */
+  lines(now: number, columns: number, height: number): string[] {
+    const infos = [...this.#rows.values()].sort((a, b) =>
+      a.path < b.path ? -1 : a.path > b.path ? 1 : 0
+    );
+    const count = `${infos.length} lock${infos.length === 1 ? "" : "s"}`;
+    const title = [this.#title, count, this.#last].filter(Boolean)
+      .join("  ·  ");
+    const cells = [HEADER, ...infos.map((info) => lsCells(info, now))];
+    // Too wide: the command column gives way first, down to COMMAND_MIN;
+    // then every line is cut at the edge.
+    const widest = (i: number) =>
+      Math.max(...cells.map((row) => [...row[i]].length));
+    const others = HEADER.reduce(
+      (sum, _, i) => i === COMMAND ? sum : sum + widest(i),
+      0,
+    ) + 2 * (HEADER.length - 1);
+    const room = Math.max(COMMAND_MIN, columns - others);
+    if (widest(COMMAND) > room) {
+      for (const row of cells) row[COMMAND] = clip(row[COMMAND], room);
+    }
+    const body = alignRows(cells);
+    if (infos.length === 0) body.push("(no locks)");
+    let lines = [title, ...body];
+    if (lines.length > height) {
+      const hidden = lines.length - (height - 1);
+      lines = [...lines.slice(0, height - 1), `… ${hidden} more`];
+    }
+    return lines.map((line) => clip(line, columns));
+  }
+
+  /**
+   * Draws the table if it reads otherwise than on screen (`force`: draws
+   * it anyway, after a resize or a stop), and sets the timer for the next
+   * age that will read otherwise.
+   */
+  draw(force = false): void {
+    clearTimeout(this.#timer);
+    this.#timer = undefined;
+    if (this.#closed || !this.#on) return;
+    const now = Date.now();
+    const { columns, rows } = this.#screen.size();
+    const lines = this.lines(now, Math.max(1, columns), Math.max(1, rows));
+    const frame = HOME +
+      lines.map((l) => l + CLEAR_LINE_END).join("\r\n") + CLEAR_BELOW;
+    if (force || frame !== this.#frame) {
+      this.#screen.write(force ? CLEAR_SCREEN + frame : frame);
+      this.#frame = frame;
+    }
+    let next = Infinity;
+    for (const info of this.#rows.values()) {
+      if (info.started) {
+        next = Math.min(next, agoChangesIn(now - info.started.getTime()));
+      }
+    }
+    // A few ms late rather than early: the age must have turned by then.
+    if (next < Infinity) this.#timer = setTimeout(() => this.draw(), next + 5);
+  }
+
+  /** Gives the terminal back as it was (for a stop, Ctrl-Z). */
+  suspend(): void {
+    clearTimeout(this.#timer);
+    this.#timer = undefined;
+    if (!this.#on) return;
+    this.#on = false;
+    this.#screen.write(WRAP_ON + CURSOR_SHOW + ALT_SCREEN_OFF);
+  }
+
+  /** Takes the terminal again (after a stop) and draws the table. */
+  resume(): void {
+    if (this.#closed || this.#on) return;
+    this.#on = true;
+    this.#screen.write(ALT_SCREEN_ON + CURSOR_HIDE + WRAP_OFF);
+    this.draw(true);
+  }
+
+  close(): void {
+    this.suspend();
+    this.#closed = true;
+  }
+}
+
+/**
+ * Feeds each batch of `changes` to `sink` until the changes end or `stop`
+ * is aborted (a signal, a reader gone): then returns at once, whatever the
+ * source still waits for (it has the same signal, and frees its watches).
+ * An error of the source is thrown, unless `stop` was aborted first.
+ */
+export async function follow(
+  changes: AsyncIterable<LiveChange[]>,
+  sink: Sink,
+  stop: AbortController,
+): Promise<void> {
+  const iterator = changes[Symbol.asyncIterator]();
+  const stopped = new Promise<"stopped">((resolve) => {
+    if (stop.signal.aborted) resolve("stopped");
+    stop.signal.addEventListener("abort", () => resolve("stopped"), {
+      once: true,
+    });
+  });
+  let finished = false;
+  try {
+    while (!stop.signal.aborted) {
+      const next = iterator.next();
+      // Left behind when a stop wins the race: its rejection (an abort)
+      // is no one's error.
+      next.catch(() => {});
+      const got = await Promise.race([next, stopped]);
+      if (got === "stopped") return;
+      if (got.done) {
+        finished = true;
+        return;
+      }
+      sink.batch(got.value);
+    }
+  } catch (err) {
+    if (!stop.signal.aborted) throw err;
+  } finally {
+    if (!finished) iterator.return?.()?.catch(() => {});
+  }
+}
+
+/**
+ * Listens for what ends `ls --watch` until the returned function is
+ * called: each of {@linkcode ENDING} aborts `stop` with its name, and a
+ * reader of stdout that has gone (EPIPE, which every runtime reports as an
+ * "error" of process.stdout, SIGPIPE being ignored) with "EPIPE". With a
+ * `table`, Ctrl-Z (SIGTSTP) gives the terminal back before the process
+ * stops, SIGCONT takes it again, and a resize (SIGWINCH) redraws it; the
+ * table is also closed on exit, whatever ends the process.
+ */
+export function endings(
+  stop: AbortController,
+  table: LiveTable | undefined,
+  stdout: boolean,
+): () => void {
+  const undo: (() => void)[] = [];
+  const on = (name: string, listener: () => void) => {
+    try {
+      process.on(name as NodeJS.Signals, listener);
+      undo.push(() => process.off(name as NodeJS.Signals, listener));
+    } catch {
+      // A runtime that refuses a signal leaves it at its default action.
+    }
+  };
+  for (const name of ENDING) {
+    on(name, () => {
+      if (!stop.signal.aborted) stop.abort(name);
+    });
+  }
+  if (stdout) {
+    const onError = (err: unknown) => {
+      if (stop.signal.aborted) return;
+      stop.abort(brokenPipe(err) ? "EPIPE" : err);
+    };
+    process.stdout.on("error", onError);
+    undo.push(() => process.stdout.off("error", onError));
+  }
+  if (table) {
+    on("SIGTSTP", () => {
+      table.suspend();
+      process.kill(process.pid, "SIGSTOP");
+    });
+    on("SIGCONT", () => table.resume());
+    on("SIGWINCH", () => table.draw(true));
+    const onExit = () => table.close();
+    process.on("exit", onExit);
+    undo.push(() => process.off("exit", onExit));
+  }
+  return () => undo.splice(0).forEach((f) => f());
+}
