@@ -463,40 +463,111 @@ describe("PgLocks.scan and PgLocks.watch", { skip: !hasServer }, () => {
     assert.equal(await none.batch(), undefined);
     assert.equal(sessionsOf(role), 0);
   });
-});
 
-describe("PgLocks.watch through a server restart", {
-  skip: findPgBin() === undefined,
-}, () => {
-  let cluster: Cluster;
-  before(async () => {
-    cluster = await startCluster({ own: true }); // this file restarts it
+  test("watch() ends when its signal aborts while a poll waits on the server, and closes its session", async () => {
+    const role = `watch_mid_${process.pid}_${counter++}`;
+    const schema = role;
+    psql(
+      url,
+      `CREATE ROLE ${role} LOGIN; CREATE SCHEMA ${schema} AUTHORIZATION ${role}`,
+    );
+    // No idle session kept after the acquire: the watch's is the only one.
+    await using locks = pgLocks(as(role), { schema, maxIdleSessions: 0 });
+    await (await locks.acquire("x")).release(); // the table exists
+    await waitFor(() => sessionsOf(role) === 0, "the acquire's session gone");
+    const stop = new AbortController();
+    const w = new Reader(locks.watch({ interval: 10, signal: stop.signal }));
+    const table = psqlSession(url);
+    try {
+      assert.deepEqual(await w.batch(), []);
+      // Every read of the table now waits for this transaction.
+      table.send(
+        `BEGIN; LOCK TABLE ${schema}.runlock_locks IN ACCESS EXCLUSIVE MODE; SELECT 'table-locked';`,
+      );
+      await table.until(/table-locked/);
+      const ended = w.batch(); // polls (a watch polls while it is read)
+      await waitFor(
+        () =>
+          psql(
+            url,
+            "SELECT count(*) FROM pg_stat_activity WHERE usename = :'role' AND wait_event_type = 'Lock'",
+            { role },
+          ) === "1",
+        "a poll waiting for the table",
+      );
+      stop.abort();
+      assert.equal(await ended, undefined);
+      await waitFor(() => sessionsOf(role) === 0, "the watch's session gone");
+    } finally {
+      await table.close();
+      await w.close();
+    }
   });
-  after(() => cluster?.stop());
 
-  test("watch() keeps going through a server restart: the holder crashed, then its successor taken over, seen on a new session", async () => {
-    const url = cluster.url;
+  test("watch() reports lost when a held name's record is deleted by hand under its live holder, then released when that holder lets go", async () => {
     await using locks = pgLocks(url);
-    const base = unique("restart");
+    const base = unique("lost");
     const name = `${base}job`;
-    const a = await holder(url, name);
     const w = new Reader(locks.watch({ prefix: base, interval: 20 }));
     try {
-      assert.deepEqual((await w.batch())?.map((c) => c.kind), ["present"]);
-      cluster.restart("fast");
-      await a.child.expect("lost");
-      const crashed = await w.until(name, "crashed");
-      assert.equal(crashed.inspection.pid, a.child.pid);
-      const b = await holder(url, name);
-      const over = await w.until(name, "taken over");
-      assert.equal(over.inspection.pid, b.child.pid);
-      assert.deepEqual(w.kinds(name), ["present", "crashed", "taken over"]);
-      for (const x of [a, b]) {
-        x.child.send("exit");
-        await x.child.exited;
-      }
+      assert.deepEqual(await w.batch(), []);
+      const a = await holder(url, name);
+      await w.until(name, "started");
+      psql(url, "DELETE FROM public.runlock_locks WHERE name = :'name'", {
+        name,
+      });
+      const lost = await w.until(name, "lost");
+      assert.equal(lost.inspection.state, "held");
+      assert.equal(lost.inspection.foreign, true);
+      assert.equal(lost.inspection.backendPid, a.backendPid);
+      a.child.send("release");
+      await a.child.next(); // released (or release-error: no record to mark)
+      const released = await w.until(name, "released");
+      assert.equal(released.inspection.state, "free");
+      assert.deepEqual(w.kinds(name), ["started", "lost", "released"]);
+      a.child.send("exit");
+      await a.child.exited;
     } finally {
       await w.close();
     }
   });
+
+  test(
+    "watch() keeps going through a server restart: the holder crashed, then its successor taken over, seen on a new session",
+    {
+      skip: findPgBin() === undefined,
+    },
+    async () => {
+      // This file's own cluster may be restarted (its other tests are done);
+      // the suite's (RUNLOCK_TEST_PG_URL) may not: then one of our own.
+      const own = cluster.managed ? cluster : await startCluster({ own: true });
+      try {
+        const url = own.url;
+        await using locks = pgLocks(url);
+        const base = unique("restart");
+        const name = `${base}job`;
+        const a = await holder(url, name);
+        const w = new Reader(locks.watch({ prefix: base, interval: 20 }));
+        try {
+          assert.deepEqual((await w.batch())?.map((c) => c.kind), ["present"]);
+          own.restart("fast");
+          await a.child.expect("lost");
+          const crashed = await w.until(name, "crashed");
+          assert.equal(crashed.inspection.pid, a.child.pid);
+          const b = await holder(url, name);
+          const over = await w.until(name, "taken over");
+          assert.equal(over.inspection.pid, b.child.pid);
+          assert.deepEqual(w.kinds(name), ["present", "crashed", "taken over"]);
+          for (const x of [a, b]) {
+            x.child.send("exit");
+            await x.child.exited;
+          }
+        } finally {
+          await w.close();
+        }
+      } finally {
+        if (own !== cluster) own.stop();
+      }
+    },
+  );
 });

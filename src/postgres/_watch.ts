@@ -161,7 +161,13 @@ async function* poll(
       [...last.keys()],
       table,
     );
-    const stop = () => s.destroy();
+    // A poll in flight on abort: the server is asked to stop it (a
+    // statement waiting for a lock would not notice the closed socket
+    // until it got the lock), and the session is dropped at once.
+    const stop = () => {
+      void s.cancel();
+      s.destroy("was closed by the watch's signal");
+    };
     signal?.addEventListener("abort", stop, { once: true });
     try {
       const scan = await work;
