@@ -98,18 +98,28 @@ export function kindOf(
   }
 }
 
+/** The longest delay a timer takes (a longer one fires at once). */
+const MAX_TIMER_MS = 2 ** 31 - 1;
+
 /** Resolves after `ms`, or at once (false) when `signal` aborts. */
 function sleep(ms: number, signal: AbortSignal | undefined): Promise<boolean> {
   if (signal?.aborted) return Promise.resolve(false);
+  const end = performance.now() + ms;
   return new Promise((resolve) => {
+    let timer: ReturnType<typeof setTimeout>;
     const done = (value: boolean) => {
       clearTimeout(timer);
       signal?.removeEventListener("abort", abort);
       resolve(value);
     };
     const abort = () => done(false);
-    const timer = setTimeout(() => done(true), ms);
+    const arm = () => {
+      const left = end - performance.now();
+      if (left <= 0) done(true);
+      else timer = setTimeout(arm, Math.min(left, MAX_TIMER_MS));
+    };
     signal?.addEventListener("abort", abort, { once: true });
+    arm();
   });
 }
 
