@@ -38,6 +38,11 @@ export class Listener {
     readonly key: string,
   ) {}
 
+  /** Whether the watch this listener is on is open (events will come). */
+  watching(): boolean {
+    return this.entry?.close !== undefined;
+  }
+
   /** Removes the listener, closing the watch if it was the last. */
   stop(): void {
     const entry = this.entry;

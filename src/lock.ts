@@ -12,8 +12,10 @@ import {
   type HeldBy,
   heldHere,
   identityHere,
+  liveness,
   lockPath,
   mapError,
+  type Probe,
   type RecordTemplate,
   recordTemplate,
   type Target,
@@ -481,11 +483,12 @@ const CLOSE_WATCHED_MAX = 1000;
 /**
  * The longest sleep of a waiter whose watches see both a release and the
  * death of its holder (a runlock holder on this host; Node and Bun). Each
- * look costs its process 0.3-1.3 ms of CPU (cold code): at one look a
- * second, 50 waiters burnt 0.75-1.2 CPU-s in 6 s, most of it in looks.
- * The looks still ramp up to it from 1 ms, after every wake too: a burst
- * of holders can outrun a watch, and a missed event then costs
- * milliseconds, not the whole sleep.
+ * look costs its process 0.3-1.3 ms of CPU, most of it the wake-up itself
+ * (a bare timer's costs 0.3-1.4 ms here): at one look a second, 50 waiters
+ * burnt 0.75-1.2 CPU-s in 6 s, most of it in looks. The watches are checked
+ * after they are armed (the file they are on is the one seen held), so the
+ * first look after 1 ms goes straight to it; after an event the looks ramp
+ * up from 1 ms again.
  */
 const WATCHED_MAX = 5000;
 /**
@@ -494,6 +497,11 @@ const WATCHED_MAX = 5000;
  * no IN_CLOSE_WRITE), a holder on another host.
  */
 const UNWATCHED_MAX = 250;
+/**
+ * The longest a waiter goes on quick looks (see `acquireSteps`) before a
+ * whole probe of the file.
+ */
+const WHOLE_LOOK_MS = 10_000;
 /** A synchronous waiter cannot watch: it looks more often. */
 const SYNC_SLEEPS: Sleeps = { max: 50, growth: 2 };
 
@@ -519,17 +527,19 @@ interface Woken {
  * The whole acquire: attempt loops, and between them, while the lock is
  * held and time remains, looks of the read-only probe (no temp files, no
  * writes) until the lock looks free. Yields sleeps, each at most up to the
- * deadline (so a timeout fires on time), growing from 1 ms to `sleeps.max`
- * and back to 1 ms after a sleep that an event cut short (`woken`): a
- * holder's close comes microseconds before its flock goes. `onSleep` is
- * called before each sleep (to watch the file that is there now), and
- * says whether there is one. Closes the pinned directory unless it
- * returns.
+ * deadline (so a timeout fires on time): a first look after 1 ms, then at
+ * the cap, except after a sleep that an event cut short (`woken`), when
+ * they grow again from 1 ms (a holder's close comes microseconds before
+ * its flock goes). `onSleep` is called before each sleep to watch the file
+ * that is there now: it answers the identity (`fileKey`) of the file it
+ * watches, checked after the watches were armed, `""` when there is none,
+ * or `undefined` when it does not watch. Closes the pinned directory unless
+ * it returns.
  */
 function* acquireSteps(
   target: Target,
   { timeout, mode, record }: Checked,
-  onSleep: () => boolean,
+  onSleep: () => string | undefined,
   sleeps: Sleeps,
   wake: Woken,
 ): Generator<number, Acquired, void> {
@@ -556,22 +566,62 @@ function* acquireSteps(
           started: held.started,
         });
       }
+      // What the last whole probe saw held, for the quick looks.
+      let seen: Probe | undefined;
+      let seenKey = "";
+      let seenAt = 0;
+      // The looks ramp up from 1 ms after an event (a holder's close comes
+      // microseconds before its flock goes); otherwise, once a look has
+      // seen the holder, they go straight to the cap.
+      let ramp = false;
       for (let interval = 1; remaining() > 0;) {
         wake.woken = false;
-        // No file to watch: it went since the probe; look again at once.
-        const there = onSleep();
-        yield there ? Math.max(0, Math.min(interval, remaining())) : 0;
-        const seen = probe(target, target.pinned);
-        if (seen.state !== "held") break;
-        // Whether an event will tell of this holder's end: a runlock record
-        // of this host, whose holder has the file open for writing.
-        const told = seen.marker && !seen.far;
+        const armed = onSleep();
+        // No file to watch (it went since the probe), or the watches are on
+        // a file other than the one the last look saw held (it changed
+        // before they were armed, so its event may have come and gone):
+        // look again at once.
+        const now = armed === "" ||
+          (armed !== undefined && seen !== undefined && armed !== seenKey);
+        yield now ? 0 : Math.max(0, Math.min(interval, remaining()));
+        // A quick look (lstat and kill(pid, 0), no open) while nothing woke
+        // us, the file is the one seen held (under its watch, if any) and
+        // its runlock holder of this host lives: the watches tell of its
+        // release and its death, so the look only covers a missed event. A
+        // look that opens the file is an event for every other waiter's
+        // watch on Deno (its inotify mask has IN_OPEN, which it drops only
+        // after waking its watcher thread): 50 Deno waiters' looks were
+        // 2,500 thread wake-ups each time round. A whole probe at least
+        // every `WHOLE_LOOK_MS` still catches a PID reused after a missed
+        // event.
+        if (
+          seen === undefined || now || wake.woken ||
+          performance.now() - seenAt > WHOLE_LOOK_MS ||
+          fileKey(target.pinned, target.name) !== seenKey ||
+          liveness(seen.pid) !== "alive"
+        ) {
+          seen = probe(target, target.pinned);
+          if (seen.state !== "held") break;
+          seenAt = performance.now();
+          // Whether an event will tell of this holder's end: a runlock
+          // record of this host, whose holder has the file open for writing.
+          seenKey = seen.marker && !seen.far && seen.pid > 0
+            ? fileKey(target.pinned, target.name)
+            : "";
+          if (seenKey === "") seen = undefined;
+        }
+        const told = seen !== undefined;
         const cap = !told
           ? Math.min(UNWATCHED_MAX, sleeps.max)
-          : there && wake.watched
+          : armed !== undefined && wake.watched
           ? WATCHED_MAX
           : wake.max ?? sleeps.max;
-        interval = wake.woken ? 1 : Math.min(interval * sleeps.growth, cap);
+        if (wake.woken || now) {
+          interval = 1;
+          ramp = true;
+        } else {
+          interval = ramp ? Math.min(interval * sleeps.growth, cap) : cap;
+        }
       }
     }
   } finally {
@@ -653,9 +703,9 @@ export async function acquire(
     stale = true;
     wake?.();
   };
-  const watch = (): boolean => {
+  const watch = (): string | undefined => {
     const key = fileKey(target.pinned, target.name);
-    if (key === "") return false;
+    if (key === "") return "";
     if (stale) {
       stale = false;
       closeKey = "";
@@ -676,16 +726,22 @@ export async function acquire(
       );
       woken.max = unclose === undefined ? undefined : CLOSE_WATCHED_MAX;
     }
-    if (listener?.key === key) return true;
-    woken.watched = false;
-    listener?.stop();
-    const made = listenFile(target.pinned, target.name, onEvent);
-    listener = typeof made === "object" ? made : undefined;
-    // Not on Deno: a burst of holders (each taking the lock and letting
-    // it go at once) outruns its watch now and then, and a waiter that
-    // misses the event learns of it by its next look: at most 1 s there.
-    woken.watched = listener !== undefined && unclose !== undefined;
-    return made !== "ENOENT";
+    if (listener?.key !== key) {
+      listener?.stop();
+      const made = listenFile(target.pinned, target.name, onEvent);
+      listener = typeof made === "object" ? made : undefined;
+      if (made === "ENOENT") return "";
+    }
+    const watching = listener?.watching() === true;
+    woken.watched = watching && unclose !== undefined;
+    if (!watching) return undefined;
+    // The watches are armed by path: on the file that is there now, which
+    // may no longer be the one `key` named (or none: then no watch was
+    // made, and no event will come). Checked after arming, so that any
+    // later change is an event.
+    return fileKey(target.pinned, target.name) === key && listener!.key === key
+      ? key
+      : "";
   };
   const steps = acquireSteps(
     target,
@@ -766,7 +822,7 @@ export function acquireSync(path: string, options?: AcquireSyncOptions): Lock {
   return new RunLock(
     target,
     runSync(
-      acquireSteps(target, checked, () => true, SYNC_SLEEPS, {
+      acquireSteps(target, checked, () => undefined, SYNC_SLEEPS, {
         woken: false,
       }),
     ),
