@@ -40,6 +40,12 @@ export {
 } from "./src/lock.ts";
 export { activePid, held, inspect, type Inspection } from "./src/probes.ts";
 export { scan, type ScanOptions } from "./src/scan.ts";
+export {
+  type Change,
+  type ChangeKind,
+  watch,
+  type WatchOptions,
+} from "./src/watch.ts";
 export type { Meta } from "./src/meta.ts";
 export {
   ContendedError,

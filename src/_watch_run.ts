@@ -1,0 +1,195 @@
+/**
+ * {@linkcode watch}'s look at one path: what is there now (a probe, with
+ * the inode it saw), and the read-only descriptor it keeps on a held run's
+ * inode to tell, once the name has gone, whether the holder still holds it.
+ *
+ * @module
+ */
+
+import { lockPath, type Probe } from "./_protocol.ts";
+import { probe } from "./_probe.ts";
+import { platform as p } from "./platform/current.ts";
+import type { FileInfo, Handle } from "./platform/types.ts";
+import { type Inspection, toInspection } from "./probes.ts";
+
+// A temp file of an acquire (`.<stem>.<16 hex digits>.tmp`), as scan()
+// skips it: litter or a lock in the making, not a lock.
+export const TEMP_NAME = /^\..*\.[0-9a-f]{16}\.tmp$/;
+
+/** What a look at a path found. */
+export type Seen =
+  /**
+   * Nothing (`found` undefined), or a file that is not a run's lock (a
+   * foreign pidfile, an invalid file: its probe), or one that cannot be
+   * probed (a directory, an unreadable file: `other` without `found`).
+   */
+  | { kind: "none"; other: boolean; found?: Probe }
+  /** A runlock record (held or stale), and the inode it is in. */
+  | { kind: "run"; found: Probe; ino: string; run: string }
+  /** A dead PID under a held flock: a takeover of that record under way. */
+  | { kind: "racing"; found: Probe; ino: string; run: string };
+
+/** `dev:ino` of a file, or `""`. */
+export function keyOf(info: FileInfo | null): string {
+  return info === null ? "" : `${info.dev}:${info.ino}`;
+}
+
+/** `lstat(2)`, `null` when missing or unreadable. */
+export function lstatOf(path: string): FileInfo | null {
+  try {
+    return p.lstat(path);
+  } catch {
+    return null;
+  }
+}
+
+/**
+ * The identity of the run a record names: a new holder (or a record
+ * rewritten in place) has another PID or another start.
+ */
+export function runOf(found: Probe): string {
+  return `${found.pid}\0${found.host}\0${
+    found.started?.getTime() ?? ""
+  }\0${found.boot}\0${found.pidns}\0${found.runtime}`;
+}
+
+/**
+ * Looks at `path`: its inode before and after one probe (the probe as
+ * inspect() makes it: a shared flock, one read), looking again when the
+ * file was replaced in between, so that the record and the inode belong
+ * together. `other`: a file is there, but it is not a run's lock (a
+ * foreign pidfile, an invalid or unreadable file, a directory).
+ */
+export function look(path: string): Seen {
+  for (let tries = 0;; tries++) {
+    const before = lstatOf(path);
+    if (before === null) return { kind: "none", other: false };
+    if (before.kind !== "file") return { kind: "none", other: true };
+    let found: Probe;
+    try {
+      found = probe(lockPath(path, "watch"));
+    } catch {
+      return { kind: "none", other: true };
+    }
+    const after = lstatOf(path);
+    const ino = keyOf(before);
+    if (ino !== keyOf(after) && tries < 4) continue;
+    if (!found.marker) {
+      return found.state === "free"
+        ? { kind: "none", other: false }
+        : { kind: "none", other: true, found };
+    }
+    const run = runOf(found);
+    if (found.racing) return { kind: "racing", found, ino, run };
+    return { kind: "run", found, ino, run };
+  }
+}
+
+/** The public form of a look's probe. */
+export function inspection(path: string, found: Probe): Inspection {
+  return toInspection(path, found);
+}
+
+/** A run's record as it is once its holder is gone (`stale`). */
+export function staleInspection(path: string, found: Probe): Inspection {
+  return {
+    ...toInspection(path, found),
+    state: "stale",
+    pidValidHere: undefined,
+    pidElsewhere: undefined,
+  };
+}
+
+/** What a probe of a path with no file says. */
+export function freeInspection(path: string): Inspection {
+  return {
+    path,
+    state: "free",
+    pid: 0,
+    host: "",
+    started: undefined,
+    foreign: false,
+    reason: undefined,
+    runtime: "",
+    meta: {},
+    bootId: "",
+    pidNamespace: "",
+    pidValidHere: undefined,
+    pidElsewhere: undefined,
+  };
+}
+
+/**
+ * A read-only descriptor on the inode at `path`, when that inode is `ino`
+ * (else `undefined`: the file changed since the look, or cannot be
+ * opened: out of descriptors). Read-only: its close is no
+ * `IN_CLOSE_WRITE`, so it never looks like a holder's.
+ */
+export function hold(path: string, ino: string): Handle | undefined {
+  let handle: Handle | "ENOENT";
+  try {
+    handle = p.openExisting(path);
+  } catch {
+    return undefined;
+  }
+  if (handle === "ENOENT") return undefined;
+  let same = false;
+  try {
+    same = keyOf(handle.stat()) === ino;
+  } catch {
+    same = false;
+  }
+  if (!same) {
+    handle.close();
+    return undefined;
+  }
+  return handle;
+}
+
+/**
+ * Whether no one holds the flock of the inode `handle` is open on: a
+ * shared flock taken and dropped at once (as a probe takes it), so that it
+ * never stands in an acquirer's way longer than a probe does.
+ */
+export function flockFree(handle: Handle): boolean {
+  try {
+    if (!handle.tryLock(false)) return false;
+    handle.unlock();
+    return true;
+  } catch {
+    return true;
+  }
+}
+
+/**
+ * Whether an acquire of `name` in `dir` is under way: one of its temp
+ * files (`.<stem>.<16 hex digits>.tmp`) is there and flocked.
+ */
+export function acquiring(dir: string, stem: string): boolean {
+  let names: string[];
+  try {
+    names = p.readDir(dir);
+  } catch {
+    return false;
+  }
+  const prefix = `.${stem}.`;
+  for (const name of names) {
+    if (!name.startsWith(prefix) || !TEMP_NAME.test(name)) continue;
+    if (name.length !== prefix.length + 20) continue;
+    let handle: Handle | "ENOENT";
+    try {
+      handle = p.openExisting(
+        dir.endsWith("/") ? dir + name : `${dir}/${name}`,
+      );
+    } catch {
+      continue;
+    }
+    if (handle === "ENOENT") continue;
+    try {
+      if (!flockFree(handle)) return true;
+    } finally {
+      handle.close();
+    }
+  }
+  return false;
+}

@@ -1,0 +1,176 @@
+/**
+ * {@linkcode watch}: every runlock lock in a directory (tree), live: the
+ * current state first, then each run's start, end and crash as it happens,
+ * for a status page or a TUI that lists runs without calling
+ * {@linkcode scan} again and again.
+ *
+ * @module
+ */
+
+import { Session } from "./_watch_session.ts";
+import type { Inspection } from "./probes.ts";
+
+/**
+ * What happened at a lock path:
+ * - `present`: the lock was there when the watch began (first batch only);
+ * - `started`: a run's record appeared, held;
+ * - `released`: the run ended cleanly (its holder unlinked its file and
+ *   let go), or a crashed run's file was removed;
+ * - `crashed`: the holder died and left its record: the file is now stale;
+ * - `taken over`: the file is a new live holder's, where a stale one was;
+ * - `lost`: the run's file was deleted or replaced while its holder still
+ *   holds it (that holder's `lock.signal` says so too).
+ *
+ * @example Counting the runs that ended badly
+ * ```ts
+ * import type { ChangeKind } from "@runlock/runlock";
+ *
+ * const bad = new Set<ChangeKind>(["crashed", "lost"]);
+ * console.log(bad.has("released")); // false
+ * ```
+ */
+export type ChangeKind =
+  | "present"
+  | "started"
+  | "released"
+  | "crashed"
+  | "taken over"
+  | "lost";
+
+/**
+ * One change at a lock path, with what a probe found after it.
+ *
+ * @example A change as a log line
+ * ```ts
+ * import type { Change } from "@runlock/runlock";
+ *
+ * const line = (c: Change) =>
+ *   `${c.kind} ${c.path} pid=${c.inspection.pid} (${c.inspection.state})`;
+ * ```
+ */
+export interface Change {
+  /** The lock file. */
+  path: string;
+  /** What happened; `present` only in the first batch. */
+  kind: ChangeKind;
+  /**
+   * The path's state after the change, as {@linkcode inspect} gives it:
+   * `held` after `started`, `present` and `taken over`; `stale` after
+   * `crashed`; after `released` and `lost`, `free` (or what is there now
+   * if it is not a run's lock: a foreign pidfile, an invalid file).
+   */
+  inspection: Inspection;
+}
+
+/**
+ * Options for {@linkcode watch}.
+ *
+ * @example Watching a state tree until a deadline
+ * ```ts
+ * import { watch, type WatchOptions } from "@runlock/runlock";
+ *
+ * const dir = await Deno.makeTempDir();
+ * const options: WatchOptions = { recursive: true, signal: AbortSignal.timeout(100) };
+ * for await (const batch of watch(dir, options)) console.log(batch.length);
+ * ```
+ */
+export interface WatchOptions {
+  /**
+   * Also watch subdirectories, as they come and go (never following a
+   * symlink). Default `false`.
+   */
+  recursive?: boolean;
+  /** Ends the iteration and frees every watch and descriptor. */
+  signal?: AbortSignal;
+}
+
+/**
+ * Watches the runlock locks under `dir`: an async iterable of batches of
+ * {@linkcode Change}s. The first batch is the current state, one `present`
+ * change per lock {@linkcode scan} would list (sorted by path, maybe
+ * empty); each later batch holds the changes seen together, in order per
+ * path. A change is reported only when a probe (a shared flock and one
+ * read, as {@linkcode inspect} makes it) finds the path's state differ from
+ * what was last reported: never one a probe would contradict. A run that
+ * starts and ends before the watch can look at it is not seen.
+ *
+ * Driven by events, not polling: the directory's watch (inotify on
+ * Linux) for names that come and go, and the holder's close (inotify's
+ * `IN_CLOSE_WRITE` on Node and Bun; on Deno the directory watch reports
+ * it) for a holder that dies. After a burst of events, and where a watch
+ * cannot be made, a re-scan diffs the directories against what was
+ * reported. Idle, a watch costs no CPU.
+ *
+ * A held run whose name goes is `released` when its holder lets go of
+ * the file's flock within a second (a clean release unlinks, then
+ * closes), else `lost`; the watch keeps a read-only descriptor on each
+ * held run's file to tell. See PROTOCOL.md ("Watching") for how each kind
+ * is decided and the limits.
+ *
+ * The iteration ends when `signal` aborts, when the loop leaves it
+ * (`break`, which calls `return()`), or after the batch that reports the
+ * ends of the runs of a `dir` that was removed (or moved away); each frees
+ * every watch and descriptor. While a `next()` is awaited the watch keeps
+ * the process alive, as an awaited read does; otherwise it never does.
+ *
+ * Permissions (Deno): `--allow-read` for `dir`.
+ *
+ * @param dir The directory to watch.
+ * @param options `recursive` and `signal`.
+ * @returns Batches of changes, the first the current state.
+ * @throws {TypeError} `dir` is not a non-empty string without NUL, or an
+ * option has the wrong type (thrown by `watch()` itself).
+ * @throws {RunlockError} `dir` does not exist or is not a directory (the
+ * first `next()` rejects).
+ * @throws {LockPermissionError} `dir` cannot be read (the first `next()`
+ * rejects).
+ *
+ * @example A run that starts and ends, as the watch sees it
+ * ```ts
+ * import { acquire, watch } from "@runlock/runlock";
+ * import assert from "node:assert/strict";
+ *
+ * const dir = await Deno.makeTempDir();
+ * const changes = watch(dir)[Symbol.asyncIterator]();
+ * assert.deepEqual((await changes.next()).value, []); // nothing yet
+ * const lock = await acquire(`${dir}/sync.lock`);
+ * let [change] = (await changes.next()).value;
+ * assert.equal(change.kind, "started");
+ * assert.equal(change.inspection.pid, lock.pid);
+ * await lock.release();
+ * [change] = (await changes.next()).value;
+ * assert.equal(change.kind, "released");
+ * await changes.return!();
+ * ```
+ */
+export function watch(
+  dir: string,
+  options?: WatchOptions,
+): AsyncIterable<Change[]> {
+  if (typeof dir !== "string" || dir === "" || dir.includes("\0")) {
+    throw new TypeError(
+      `Cannot watch as 'dir' must be a non-empty string without NUL: current value is ${
+        typeof dir === "string" ? JSON.stringify(dir) : String(dir)
+      }`,
+    );
+  }
+  const recursive = options?.recursive ?? false;
+  if (typeof recursive !== "boolean") {
+    throw new TypeError(
+      `Cannot watch as 'recursive' must be a boolean: current value is ${
+        String(recursive)
+      }`,
+    );
+  }
+  const signal = options?.signal;
+  if (signal !== undefined && !(signal instanceof AbortSignal)) {
+    throw new TypeError(
+      `Cannot watch as 'signal' must be an AbortSignal: current value is ${
+        String(signal)
+      }`,
+    );
+  }
+  return {
+    [Symbol.asyncIterator]: () => new Session(dir, recursive, signal),
+  };
+}

@@ -1,0 +1,398 @@
+// watch(): the current state first (as scan() lists it), then each run's
+// start, end, crash, takeover and loss as it happens, from real holders in
+// other processes, decided by probes (never a change a probe contradicts).
+import assert from "node:assert/strict";
+import {
+  mkdirSync,
+  rmSync,
+  symlinkSync,
+  unlinkSync,
+  writeFileSync,
+} from "node:fs";
+import { join } from "node:path";
+import { describe, test } from "node:test";
+import {
+  acquire,
+  type Change,
+  type ChangeKind,
+  RunlockError,
+  scan,
+  watch,
+  type WatchOptions,
+} from "../mod.ts";
+import { Child, deadPid, holder, tempDir } from "./_helpers.ts";
+
+/** How long a wait for a change may take before the test calls it hung. */
+const HANG_MS = 120_000;
+
+/** A watch being iterated, with every change it reported so far. */
+class Watching {
+  readonly changes: Change[] = [];
+  readonly batches: Change[][] = [];
+  readonly #it: AsyncIterator<Change[]>;
+  #ended = false;
+
+  constructor(dir: string, options?: WatchOptions) {
+    this.#it = watch(dir, options)[Symbol.asyncIterator]();
+  }
+
+  /** The next batch, or `undefined` once the iteration ended. */
+  async batch(): Promise<Change[] | undefined> {
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    const hang = new Promise<never>((_, reject) => {
+      timer = setTimeout(
+        () =>
+          reject(
+            new Error(
+              `no batch in ${HANG_MS / 1000} s; so far: ${
+                JSON.stringify(this.changes.map((c) => [c.path, c.kind]))
+              }`,
+            ),
+          ),
+        HANG_MS,
+      );
+    });
+    try {
+      const r = await Promise.race([this.#it.next(), hang]);
+      if (r.done) {
+        this.#ended = true;
+        return undefined;
+      }
+      this.batches.push(r.value);
+      this.changes.push(...r.value);
+      return r.value;
+    } finally {
+      clearTimeout(timer);
+    }
+  }
+
+  /** Reads batches until `done(changes)` holds. */
+  async until(done: (changes: Change[]) => boolean): Promise<Change[]> {
+    while (!done(this.changes)) {
+      if (this.#ended || (await this.batch()) === undefined) {
+        throw new Error(
+          `the watch ended first: ${
+            JSON.stringify(this.changes.map((c) => [c.path, c.kind]))
+          }`,
+        );
+      }
+    }
+    return this.changes;
+  }
+
+  /** The kinds reported for `path`, in order. */
+  kinds(path: string): ChangeKind[] {
+    return this.changes.filter((c) => c.path === path).map((c) => c.kind);
+  }
+
+  get ended(): boolean {
+    return this.#ended;
+  }
+
+  async close(): Promise<void> {
+    await this.#it.return?.();
+  }
+}
+
+const has = (path: string, kind: ChangeKind) => (changes: Change[]) =>
+  changes.some((c) => c.path === path && c.kind === kind);
+
+describe("watch()", () => {
+  test("the first batch is what scan() lists (held and stale runs, not pidfiles, other files or temp files), flat and recursive", async () => {
+    const { dir, cleanup } = tempDir();
+    const live = await holder(join(dir, "b-live.lock"));
+    const flat = new Watching(dir);
+    const deep = new Watching(dir, { recursive: true });
+    try {
+      const dead = deadPid();
+      writeFileSync(join(dir, "a-crashed"), `${dead}\nrunlock 1\nhost=x\n`);
+      writeFileSync(join(dir, "plain.pid"), `${dead}\n`);
+      writeFileSync(join(dir, "notes.txt"), "hello\n");
+      writeFileSync(
+        join(dir, ".b-live.lock.0123456789abcdef.tmp"),
+        `${dead}\nrunlock 1\n`,
+      );
+      symlinkSync(join(dir, "a-crashed"), join(dir, "link.lock"));
+      mkdirSync(join(dir, "sub"));
+      writeFileSync(join(dir, "sub", "deep.lock"), `${dead}\nrunlock 1\n`);
+      for (const [w, recursive] of [[flat, false], [deep, true]] as const) {
+        const first = await w.batch();
+        const listed = await scan(dir, { recursive });
+        assert.deepEqual(
+          first,
+          listed.map((inspection) => ({
+            path: inspection.path,
+            kind: "present",
+            inspection,
+          })),
+        );
+      }
+      assert.equal(flat.changes.length, 2);
+      assert.equal(deep.changes.length, 3);
+    } finally {
+      await flat.close();
+      await deep.close();
+      await live.kill();
+      cleanup();
+    }
+  });
+
+  test("a run that starts and releases: started (held, its pid and meta), then released (free); files that are not locks bring no change", async () => {
+    const { dir, cleanup } = tempDir();
+    const w = new Watching(dir);
+    const path = join(dir, "sync.lock");
+    let child: Child | undefined;
+    try {
+      assert.deepEqual(await w.batch(), []);
+      writeFileSync(join(dir, "notes.txt"), "hello\n");
+      writeFileSync(join(dir, "plain.pid"), `${deadPid()}\n`);
+      child = new Child("child.ts", ["hold", path, "0", '{"cmd":"sync"}']);
+      await child.expect("acquired");
+      await w.until(has(path, "started"));
+      const started = w.changes.find((c) => c.path === path)!;
+      assert.equal(started.inspection.state, "held");
+      assert.equal(started.inspection.pid, child.pid);
+      assert.equal(started.inspection.meta.cmd, "sync");
+      child.send("release");
+      await child.expect("released");
+      await w.until(has(path, "released"));
+      assert.deepEqual(w.kinds(path), ["started", "released"]);
+      assert.equal(w.changes.at(-1)!.inspection.state, "free");
+      assert.deepEqual(
+        w.changes.map((c) => c.path),
+        [path, path],
+        "the other files brought no change",
+      );
+    } finally {
+      await w.close();
+      await child?.kill();
+      cleanup();
+    }
+  });
+
+  test("a SIGKILLed holder is crashed: its record stays, stale, with its pid", async () => {
+    const { dir, cleanup } = tempDir();
+    const path = join(dir, "job.lock");
+    const child = await holder(path);
+    const w = new Watching(dir);
+    try {
+      const [first] = (await w.batch())!;
+      assert.equal(first.kind, "present");
+      assert.equal(first.inspection.state, "held");
+      await child.kill("SIGKILL");
+      await w.until(has(path, "crashed"));
+      assert.deepEqual(w.kinds(path), ["present", "crashed"]);
+      const crashed = w.changes.at(-1)!;
+      assert.equal(crashed.inspection.state, "stale");
+      assert.equal(crashed.inspection.pid, child.pid);
+    } finally {
+      await w.close();
+      await child.kill();
+      cleanup();
+    }
+  });
+
+  test("a holder's file deleted under it is lost (not released) while the holder lives on", async () => {
+    const { dir, cleanup } = tempDir();
+    const path = join(dir, "job.lock");
+    const child = await holder(path);
+    const w = new Watching(dir);
+    try {
+      await w.batch();
+      unlinkSync(path);
+      await w.until(has(path, "lost"));
+      assert.deepEqual(w.kinds(path), ["present", "lost"]);
+      assert.equal(w.changes.at(-1)!.inspection.state, "free");
+      assert.ok(child.running, "the holder still runs");
+      child.send("owned");
+      assert.equal((await child.expect("owned")).owned, false);
+    } finally {
+      await w.close();
+      await child.kill();
+      cleanup();
+    }
+  });
+
+  test("a stale file that a new holder acquires is taken over, with the new holder's pid", async () => {
+    const { dir, cleanup } = tempDir();
+    const path = join(dir, "job.lock");
+    const dead = deadPid();
+    writeFileSync(path, `${dead}\nrunlock 1\nhost=x\n`);
+    const w = new Watching(dir);
+    let child: Child | undefined;
+    try {
+      const [first] = (await w.batch())!;
+      assert.equal(first.inspection.state, "stale");
+      assert.equal(first.inspection.pid, dead);
+      child = await holder(path);
+      await w.until(has(path, "taken over"));
+      assert.deepEqual(w.kinds(path), ["present", "taken over"]);
+      const taken = w.changes.at(-1)!;
+      assert.equal(taken.inspection.state, "held");
+      assert.equal(taken.inspection.pid, child.pid);
+    } finally {
+      await w.close();
+      await child?.kill();
+      cleanup();
+    }
+  });
+
+  test("1,000 runs started and ended in a burst: every path exactly started, then released; nothing lost, nothing invented", async () => {
+    const { dir, cleanup } = tempDir();
+    const n = 1000;
+    const w = new Watching(dir);
+    const child = new Child("watch_many.ts", ["hold", dir, String(n), "0"]);
+    const paths = Array.from({ length: n }, (_, i) => join(dir, `lock-${i}`));
+    try {
+      assert.deepEqual(await w.batch(), []);
+      await child.expect("held");
+      const count = (kind: ChangeKind) => (changes: Change[]) =>
+        changes.filter((c) => c.kind === kind).length >= n;
+      await w.until(count("started"));
+      for (let i = 0; i < n; i++) child.send(`release ${i}`);
+      await w.until(count("released"));
+      // A run after them all: once it is reported, nothing of the burst
+      // can still be on its way.
+      await using sentinel = await acquire(join(dir, "sentinel"));
+      await w.until(has(sentinel.path, "started"));
+      for (const path of paths) {
+        assert.deepEqual(w.kinds(path), ["started", "released"], path);
+      }
+      assert.equal(w.changes.length, 2 * n + 1);
+      for (const c of w.changes) {
+        assert.equal(
+          c.inspection.state,
+          c.kind === "started" ? "held" : "free",
+          `${c.path} ${c.kind}`,
+        );
+      }
+    } finally {
+      await w.close();
+      await child.kill();
+      cleanup();
+    }
+  });
+
+  test("a watched directory that is removed: its runs end (a live holder's as lost, a stale file as released), then the iteration ends", async () => {
+    const { dir, cleanup } = tempDir();
+    const sub = join(dir, "state");
+    mkdirSync(sub);
+    const stale = join(sub, "old.lock");
+    writeFileSync(stale, `${deadPid()}\nrunlock 1\n`);
+    const live = join(sub, "job.lock");
+    const child = await holder(live);
+    const w = new Watching(sub);
+    try {
+      assert.equal((await w.batch())!.length, 2);
+      rmSync(sub, { recursive: true, force: true });
+      while ((await w.batch()) !== undefined);
+      assert.deepEqual(w.kinds(stale), ["present", "released"]);
+      assert.deepEqual(w.kinds(live), ["present", "lost"]);
+      assert.ok(w.ended);
+    } finally {
+      await w.close();
+      await child.kill();
+      cleanup();
+    }
+  });
+
+  test("recursive: runs in subdirectories made after the watch began are seen, never through a symlink; a flat watch sees none of them", async () => {
+    const { dir, cleanup } = tempDir();
+    const deep = new Watching(dir, { recursive: true });
+    const flat = new Watching(dir);
+    let child: Child | undefined;
+    try {
+      await deep.batch();
+      await flat.batch();
+      mkdirSync(join(dir, "a", "b"), { recursive: true });
+      symlinkSync(join(dir, "a"), join(dir, "link"));
+      const path = join(dir, "a", "b", "x.lock");
+      child = await holder(path);
+      await deep.until(has(path, "started"));
+      child.send("release");
+      await child.expect("released");
+      await deep.until(has(path, "released"));
+      rmSync(join(dir, "a"), { recursive: true });
+      await using top = await acquire(join(dir, "top.lock"));
+      await deep.until(has(top.path, "started"));
+      await flat.until(has(top.path, "started"));
+      assert.deepEqual(deep.changes.map((c) => [c.path, c.kind]), [
+        [path, "started"],
+        [path, "released"],
+        [top.path, "started"],
+      ]);
+      assert.deepEqual(flat.changes.map((c) => [c.path, c.kind]), [
+        [top.path, "started"],
+      ]);
+    } finally {
+      await deep.close();
+      await flat.close();
+      await child?.kill();
+      cleanup();
+    }
+  });
+
+  test("its signal, and a break out of the loop, end it and free everything: a process that watches and stops exits by itself", async () => {
+    const { dir, cleanup } = tempDir();
+    // A held run, so that the watch holds a descriptor and a close watch.
+    const live = await holder(join(dir, "job.lock"));
+    try {
+      for (const mode of ["abort", "break"]) {
+        const child = new Child("watcher.ts", [mode, dir]);
+        assert.equal((await child.expect("first")).n, 1);
+        await child.expect("ended");
+        // Exits by itself; the bound only tells a hang from a slow machine.
+        let timer: ReturnType<typeof setTimeout> | undefined;
+        const exited = await Promise.race([
+          child.exited,
+          new Promise((resolve) => timer = setTimeout(resolve, 60_000, "hung")),
+        ]);
+        clearTimeout(timer);
+        if (exited === "hung") await child.kill();
+        assert.deepEqual(exited, { code: 0, signal: null }, mode);
+      }
+      const controller = new AbortController();
+      controller.abort();
+      const w = new Watching(dir, { signal: controller.signal });
+      assert.equal(await w.batch(), undefined, "an aborted signal: no batch");
+    } finally {
+      await live.kill();
+      cleanup();
+    }
+  });
+
+  test("bad input is a TypeError before anything touches the disk; a file or a missing directory is a RunlockError", async () => {
+    const { dir, cleanup } = tempDir();
+    try {
+      const missing = join(dir, "nowhere", "deeper");
+      for (
+        const [arg, options] of [
+          ["", undefined],
+          [`${missing}\0x`, undefined],
+          [42, undefined],
+          [missing, { recursive: "yes" }],
+          [missing, { signal: "stop" }],
+        ] as [unknown, unknown][]
+      ) {
+        assert.throws(
+          () => watch(arg as string, options as WatchOptions),
+          TypeError,
+          JSON.stringify(arg),
+        );
+      }
+      const file = join(dir, "file");
+      writeFileSync(file, "x");
+      for (const path of [file, missing]) {
+        const it = watch(path)[Symbol.asyncIterator]();
+        await assert.rejects(it.next(), (err) => {
+          assert.ok(err instanceof RunlockError, String(err));
+          assert.match(err.message, /cannot watch/);
+          return true;
+        });
+        assert.deepEqual(await it.next(), { value: undefined, done: true });
+      }
+    } finally {
+      cleanup();
+    }
+  });
+});
