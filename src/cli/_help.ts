@@ -61,14 +61,19 @@ ${described}
 
   On a terminal, run --wait and wait keep one updating line on stderr: who
   holds the lock, what it runs, and how long runlock has waited. Nothing of
-  that when stderr is not a terminal.
+  that when stderr is not a terminal. ls --watch on a terminal redraws a
+  table in place (on the alternate screen, given back when it ends); through
+  a pipe it prints one line per change (--json: one JSON object a line).
 
 PostgreSQL (--db=URL, or RUNLOCK_DATABASE_URL for status, run and wait):
   the positional argument is a lock name (sync/main), held through a
   database session on postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE, for
   runs on several hosts. Same output, JSON and exit codes (status --json
   adds fence and backendPid); run holds the session while the command runs.
-  The URL is never printed. ls has no PostgreSQL form.
+  The URL is never printed. ls --watch --db=URL [<prefix>] follows the lock
+  names that start with <prefix> by polling pg_locks (every --interval=MS,
+  1000 by default): PostgreSQL tells nobody when an advisory lock is taken
+  or dropped. ls takes --db only, not the variable.
 
 exit codes: 0 ok/held, 1 free/stale/timeout, 2 usage or error, 75 held by
 another run (run), 126/127 command not executable/not found; run otherwise

@@ -179,6 +179,8 @@ export class LiveTable implements Sink {
   #timer: ReturnType<typeof setTimeout> | undefined;
   #on = false;
   #closed = false;
+  /** Whether the first batch (what is there) has come. */
+  #ready = false;
 
   /**
    * A table on `screen`, under the title `title` (what is watched), which
@@ -203,6 +205,7 @@ export class LiveTable implements Sink {
 
   batch(changes: readonly LiveChange[]): void {
     if (this.#closed) return;
+    this.#ready = true;
     for (const c of changes) {
       if (c.inspection.state === "free") this.#rows.delete(c.path);
       else this.#rows.set(c.path, { ...c.inspection, path: c.path });
@@ -217,6 +220,9 @@ export class LiveTable implements Sink {
 
   /** The lines of the table now, each cut to `columns`. */
   lines(now: number, columns: number, height: number): string[] {
+    if (!this.#ready) {
+      return [this.#title, "(looking…)"].map((l) => clip(l, columns));
+    }
     const infos = [...this.#rows.values()].sort((a, b) =>
       a.path < b.path ? -1 : a.path > b.path ? 1 : 0
     );

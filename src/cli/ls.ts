@@ -1,84 +1,321 @@
 /**
- * `runlock ls`: one line per lock file in a directory (or its tree).
+ * `runlock ls`: one line per lock file in a directory (or its tree), or
+ * per PostgreSQL lock name under a prefix (`--db`); with `--watch`, the
+ * same kept up to date as runs start, end and crash.
  *
  * @module
  */
 
 import { statSync } from "node:fs";
-import { scan } from "../../mod.ts";
+import { hostname } from "node:os";
+import process from "node:process";
+import { scan, watch } from "../../mod.ts";
 import { onePath, parse, UsageError } from "./_args.ts";
-import { ago, type Info, pidWarning, toJson } from "./_format.ts";
+import { databaseUrl, postgres, type Url } from "./_backend.ts";
+import {
+  alignRows,
+  type Info,
+  lsCells,
+  pidWarning,
+  toJson,
+} from "./_format.ts";
 import type { Command } from "./_help.ts";
-import type { CliIo } from "./_io.ts";
+import { type CliIo, stdio } from "./_io.ts";
+import {
+  endings,
+  follow,
+  jsonSink,
+  lineSink,
+  type LiveChange,
+  LiveTable,
+  type Sink,
+  stdoutScreen,
+} from "./_live.ts";
+import { granted } from "./_permissions.ts";
+import { signalNumber } from "./_signals.ts";
 
-async function ls(args: string[], io: CliIo): Promise<number> {
+/** How often `ls --watch --db` polls pg_locks by default (ms). */
+const INTERVAL_MS = 1000;
+/** The bounds of `--interval` (ms): 10 ms to an hour. */
+const INTERVAL_MIN = 10;
+const INTERVAL_MAX = 3_600_000;
+
+/** What `ls` was asked to list, and how. */
+interface Request {
+  json: boolean;
+  recursive: boolean;
+  watch: boolean;
+  /** The database (`--db`), or undefined for lock files. */
+  url: Url | undefined;
+  /** The directory, or the name prefix (`""`: every name) with `--db`. */
+  where: string;
+  /** `--interval` (ms), for `--watch --db`. */
+  interval: number;
+}
+
+/** Reads ls's command line; every mistake is a UsageError. */
+function request(args: string[]): Request {
   const { options, rest } = parse(args, {
     json: "flag",
     recursive: "flag",
+    watch: "flag",
+    interval: "value",
     db: "value",
   }, "ls");
-  if (options.has("db")) {
+  const watching = options.has("watch");
+  // Only --db: RUNLOCK_DATABASE_URL would turn `ls DIR` into a listing of
+  // a database for whoever has it set for run and status.
+  const url = options.has("db") ? databaseUrl(options) : undefined;
+  const given = options.get("interval");
+  if (given !== undefined && !watching) {
     throw new UsageError(
-      "ls: lists the lock files in a directory; it has no PostgreSQL form " +
-        "(the records are rows of the runlock_locks table)",
+      "ls: option '--interval' is how often ls --watch --db polls pg_locks: it needs --watch",
     );
   }
-  const dir = onePath(rest, "ls", "<dir>");
-  let kind: "directory" | "other" | "missing";
+  if (given !== undefined && url === undefined) {
+    throw new UsageError(
+      "ls: option '--interval' is for --db (PostgreSQL, polled): lock files are watched, not polled",
+    );
+  }
+  let interval = INTERVAL_MS;
+  if (typeof given === "string") {
+    interval = Number(given);
+    if (
+      !/^\d+$/.test(given) || interval < INTERVAL_MIN || interval > INTERVAL_MAX
+    ) {
+      throw new UsageError(
+        `option '--interval' must be a whole number of milliseconds from ${INTERVAL_MIN} to ${INTERVAL_MAX}: current value is '${given}'`,
+      );
+    }
+  }
+  if (url !== undefined && options.has("recursive")) {
+    throw new UsageError(
+      "ls: option '--recursive' is for directories: with --db, a prefix (sync/) lists every name that starts with it",
+    );
+  }
+  let where: string;
+  if (url === undefined) {
+    where = onePath(rest, "ls", "<dir>");
+  } else {
+    const names = rest[0] === "--" ? rest.slice(1) : rest;
+    if (names.length > 1) {
+      throw new UsageError(`ls: unexpected argument '${names[1]}'`);
+    }
+    where = names[0] ?? "";
+  }
+  return {
+    json: options.has("json"),
+    recursive: options.has("recursive"),
+    watch: watching,
+    url,
+    where,
+    interval,
+  };
+}
+
+/** Whether `dir` is a directory, something else, or missing. */
+function kindOf(dir: string): "directory" | "other" | "missing" {
   try {
-    kind = statSync(dir).isDirectory() ? "directory" : "other";
+    return statSync(dir).isDirectory() ? "directory" : "other";
   } catch (err) {
     if ((err as { code?: string }).code !== "ENOENT") throw err;
-    kind = "missing";
+    return "missing";
   }
-  if (kind === "other") throw new Error(`ls: ${dir} is not a directory`);
-  // A directory that does not exist (yet) holds no locks: an empty answer,
-  // as scan() gives, for a UI that polls it; said on stderr for a person.
-  if (kind === "missing" && !options.has("json")) {
-    io.err(`runlock: ls: ${dir} does not exist: no locks`);
+}
+
+/** This host's name, when it may be read without a prompt. */
+function hostHere(): string {
+  if (!granted({ name: "sys", kind: "hostname" })) return "";
+  try {
+    return hostname();
+  } catch {
+    return "";
   }
-  const found: Info[] = await scan(dir, {
-    recursive: options.has("recursive"),
-  });
-  if (options.has("json")) {
+}
+
+/**
+ * A PostgreSQL lock's inspection as an {@linkcode Info}, as `status --db`
+ * completes it: a database record names no boot or PID namespace, so the
+ * host is all there is to compare, and only a difference is certain.
+ */
+function pgInfo(
+  i: Omit<Info, "bootId" | "pidNamespace" | "pidValidHere" | "pidElsewhere">,
+  here: string,
+): Info {
+  const elsewhere = i.pid !== 0 && i.host !== "" && here !== "" &&
+    i.host !== here;
+  return {
+    ...i,
+    bootId: "",
+    pidNamespace: "",
+    pidValidHere: elsewhere ? false : undefined,
+    pidElsewhere: elsewhere ? "host" : undefined,
+  };
+}
+
+/** Opens the database of `url`; a URL that is not postgres:// is usage. */
+async function database(url: Url) {
+  const pg = await postgres();
+  try {
+    return pg.pgLocks(url.text);
+  } catch (err) {
+    // A URL that is not postgres://... (its password already blanked).
+    throw new UsageError(`${url.from}: ${(err as Error).message}`);
+  }
+}
+
+/** Prints `found` as `runlock ls` does: a JSON array, or aligned lines. */
+function print(found: Info[], json: boolean, io: CliIo): void {
+  if (json) {
     io.out(JSON.stringify(found.map(toJson)));
-    return 0;
+    return;
   }
   const now = Date.now();
-  const rows = found.map((info) => [
-    info.state,
-    info.pid === 0 ? "-" : String(info.pid),
-    info.host || "-",
-    info.started ? ago(now - info.started.getTime()) : "-",
-    info.state === "invalid" ? info.reason ?? "-" : info.meta.cmd || "-",
-    info.path,
-  ]);
-  const widths = rows.reduce(
-    (w, row) => w.map((n, i) => Math.max(n, [...row[i]].length)),
-    [0, 0, 0, 0, 0, 0],
-  );
-  for (const row of rows) {
-    io.out(
-      row.map((cell, i) =>
-        i === row.length - 1
-          ? cell
-          : cell + " ".repeat(widths[i] - [...cell].length)
-      ).join("  "),
-    );
+  for (const line of alignRows(found.map((info) => lsCells(info, now)))) {
+    io.out(line);
   }
   for (const info of found) {
     const warning = pidWarning(info);
     if (warning) io.err(`runlock: ${info.path}: ${warning}`);
   }
-  return 0;
 }
 
-/** `runlock ls [--json] [--recursive] [--] <dir>`. */
+async function ls(args: string[], io: CliIo): Promise<number> {
+  const req = request(args);
+  if (req.url === undefined) {
+    const kind = kindOf(req.where);
+    if (kind === "other") {
+      throw new Error(`ls: ${req.where} is not a directory`);
+    }
+    if (req.watch) {
+      // watch() needs the directory: it watches it, and ends when it goes.
+      if (kind === "missing") {
+        throw new Error(`ls: ${req.where} does not exist: nothing to watch`);
+      }
+      return await live(req, io);
+    }
+    // A directory that does not exist (yet) holds no locks: an empty
+    // answer, as scan() gives, for a UI that polls it; said on stderr for a
+    // person.
+    if (kind === "missing" && !req.json) {
+      io.err(`runlock: ls: ${req.where} does not exist: no locks`);
+    }
+    print(await scan(req.where, { recursive: req.recursive }), req.json, io);
+    return 0;
+  }
+  if (req.watch) return await live(req, io);
+  // (A one-shot listing of a database waits for tests/cli_test.ts, which
+  // still expects this refusal.)
+  throw new UsageError(
+    "ls: lists the lock files in a directory; it has no PostgreSQL form " +
+      "but ls --watch --db=URL [<prefix>] (its first lines: the names there)",
+  );
+}
+
+/** What the live table's title says is watched. */
+function titleOf(req: Request): string {
+  if (req.url === undefined) {
+    return `runlock ls --watch${
+      req.recursive ? " --recursive" : ""
+    } ${req.where}`;
+  }
+  const names = req.where === "" ? "every name" : `names under '${req.where}'`;
+  return `runlock ls --watch --db: ${names}, pg_locks polled every ${req.interval} ms`;
+}
+
+/**
+ * `ls --watch`: the changes, shown as a live table on a terminal (stdout
+ * a terminal, the default output, TERM not "dumb"), else as JSON lines
+ * (`--json`) or plain lines, until a signal (exit 128 + N) or a reader
+ * gone (exit 0).
+ */
+async function live(req: Request, io: CliIo): Promise<number> {
+  const stop = new AbortController();
+  const ours = io === stdio;
+  const terminal = ours && !req.json && process.stdout.isTTY === true &&
+    process.env.TERM !== "dumb";
+  const table = terminal
+    ? new LiveTable(
+      stdoutScreen,
+      titleOf(req),
+      req.url === undefined ? req.where : undefined,
+    )
+    : undefined;
+  const sink: Sink = table ??
+    (req.json ? jsonSink(io, stop) : lineSink(io, stop));
+  const undo = endings(stop, table, ours);
+  let end: (() => Promise<void>) | undefined;
+  try {
+    let changes: AsyncIterable<LiveChange[]>;
+    if (req.url === undefined) {
+      changes = watch(req.where, {
+        recursive: req.recursive,
+        signal: stop.signal,
+      });
+    } else {
+      const locks = await database(req.url);
+      end = () => locks.end();
+      const here = hostHere();
+      const polled = locks.watch({
+        prefix: req.where,
+        interval: req.interval,
+        signal: stop.signal,
+      });
+      changes = (async function* () {
+        for await (const batch of polled) {
+          yield batch.map((c) => ({
+            path: c.path,
+            kind: c.kind,
+            inspection: pgInfo(c.inspection, here),
+          }));
+        }
+      })();
+    }
+    await follow(changes, sink, stop);
+  } finally {
+    sink.close();
+    undo();
+    if (!stop.signal.aborted) stop.abort("done");
+    await end?.();
+  }
+  const reason = stop.signal.reason;
+  if (reason === "done" && req.url === undefined) {
+    // The watch of a directory ends after the batch that reports the end
+    // of its runs when the directory is removed or moved away.
+    io.err(
+      `runlock: ls: ${req.where} is gone (removed or moved): nothing left to watch`,
+    );
+    return 1;
+  }
+  if (reason === "done") return 0;
+  if (reason === "EPIPE") return 0;
+  if (typeof reason === "string") return 128 + signalNumber(reason);
+  throw reason;
+}
+
+/** `runlock ls [--watch] [--json] [--recursive] [--db=URL] [--] <dir>`. */
 export const lsCommand: Command = {
   name: "ls",
-  usage: "runlock ls [--json] [--recursive] [--] <dir>",
+  usage: `runlock ls [--json] [--recursive] [--] <dir>
+runlock ls --watch [--json] [--recursive] [--] <dir>
+runlock ls --watch --db=URL [--json] [--interval=MS] [--] [<prefix>]`,
   help: `One line per lock file in <dir> (any file name; --recursive: the
 whole tree, no symlinks followed): state, pid, host, age, command,
-path. Exit 0. --json prints an array of inspect() results.`,
+path. Exit 0. --json prints an array of inspect() results.
+--watch: keep watching. On a terminal, a live table redrawn in place
+as runs start, end and crash (and as their ages grow); with --json,
+one JSON line per change, {"kind": ..., and the fields of --json},
+kind one of present (the first lines: what is there), started,
+released, crashed (its holder died; the file is stale), taken over,
+lost (the file deleted or replaced under a live holder); otherwise
+one plain line per change: the kind, then the columns above.
+Lock files are watched through the kernel (inotify), not polled.
+--db=URL (with --watch): the PostgreSQL lock names that start with
+<prefix> (all without one), by polling the runlock_locks table and
+pg_locks every --interval=MS (default ${INTERVAL_MS}).
+Ends on Ctrl-C, SIGTERM or SIGHUP (exit 128+N), when <dir> is
+removed (exit 1, said on stderr), or at its next line after the
+reader of its output has gone (exit 0: ls --watch --json DIR |
+head -n 3).`,
   run: ls,
 };

@@ -1,0 +1,552 @@
+// `runlock ls --watch`: the live table at a real pseudo-terminal
+// (tests/fixtures/pty_run.py), the JSON lines and plain lines through a
+// pipe, a reader that goes away (| head -n 2), and --db against a real
+// server. The holders are real processes (tests/fixtures/child.ts), killed
+// with SIGKILL through their handles; every step waits for what the watch
+// printed about the one before.
+import assert from "node:assert/strict";
+import { mkdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { createRequire } from "node:module";
+import { hostname } from "node:os";
+import { join } from "node:path";
+import process from "node:process";
+import { after, before, describe, test } from "node:test";
+import {
+  Background,
+  cli,
+  cliCommand,
+  cliRuntime,
+  type Result,
+  start,
+  startWithInput,
+  Terminal,
+} from "./_cli.ts";
+import { Child, delay, tempDir } from "./_helpers.ts";
+import {
+  type Cluster,
+  findPgBin,
+  startCluster,
+} from "./fixtures/pg_cluster.ts";
+
+const runlock = cliCommand();
+
+/** A holder of `path` whose record says `cmd`; resolves once it holds it. */
+async function holding(path: string, cmd: string): Promise<Child> {
+  const child = new Child("child.ts", [
+    "hold",
+    path,
+    "0",
+    JSON.stringify({ cmd }),
+  ]);
+  await child.expect("acquired");
+  return child;
+}
+
+/** Releases `child`'s lock, and waits until it says so. */
+async function release(child: Child): Promise<void> {
+  child.send("release");
+  await child.expect("released");
+}
+
+/** What redraws a frame: the cursor home, then the lines. */
+const HOME = "\x1b[H";
+/** What the table leaves on exit: wrap on, cursor shown, main screen. */
+const RESTORE = "\x1b[?7h\x1b[?25h\x1b[?1049l";
+
+/**
+ * Each frame the table drew, as its lines without escapes (a frame ends at
+ * its erase-below; the terminal turns each "\n" into "\r\n").
+ */
+function frames(output: string): string[][] {
+  return output.split(HOME).slice(1).map((f) =>
+    f.split("\x1b[J")[0].replaceAll("\x1b[K", "").split(/\r*\n/)
+  );
+}
+
+/** A frame's lock rows, as cells: state, pid, host, since, command, path. */
+function rows(frame: string[]): string[][] {
+  return frame.slice(2).filter((l) => /^(held|stale|invalid) /.test(l))
+    .map((l) => l.split(/ {2,}/));
+}
+
+/**
+ * Waits (up to 20 s) until the last frame the terminal shows satisfies
+ * `ok`, looking again as output comes; returns it. `after`: only frames
+ * drawn after that much output count.
+ */
+async function frame(
+  term: Terminal,
+  ok: (frame: string[]) => boolean,
+  what: string,
+  after = 0,
+): Promise<string[]> {
+  const deadline = Date.now() + 20_000;
+  for (;;) {
+    const last = frames(term.output.slice(after)).at(-1);
+    if (last && ok(last)) return last;
+    if (Date.now() > deadline) {
+      throw new Error(
+        `the table never showed ${what}:\n${last?.join("\n")}\n${
+          JSON.stringify(term.output.slice(-2000))
+        }`,
+      );
+    }
+    // The output is a stream the terminal appends to: look again soon.
+    await delay(20);
+  }
+}
+
+/** The row of `path` in `frame`, or undefined. */
+function row(frame: string[], path: string): string[] | undefined {
+  return rows(frame).find((r) => r[5] === path);
+}
+
+/** The JSON ls prints for the lock `path` now (ls --json's element). */
+function lsJson(dir: string, path: string): Record<string, unknown> {
+  const r: Result = cli("ls", "--json", dir);
+  assert.equal(r.code, 0, r.stderr);
+  const found = JSON.parse(r.stdout).find((i: { path: string }) =>
+    i.path === path
+  );
+  assert.ok(found, `${path} in ls --json: ${r.stdout}`);
+  return found;
+}
+
+describe("runlock ls --watch", () => {
+  test("at a terminal, a live table (state, pid, host, since, command, path) shows a new run held, a SIGKILLed one stale, drops a released one, ages its 'since' column, cuts its lines to a narrow terminal, and Ctrl-C gives the terminal back (exit 130)", async () => {
+    const { dir, cleanup } = tempDir();
+    const [a, b, c] = ["a", "b", "c"].map((n) => join(dir, `${n}.lock`));
+    const holders: Child[] = [];
+    let term: Terminal | undefined;
+    try {
+      const ha = await holding(a, "job-a");
+      const hb = await holding(b, "job-b");
+      holders.push(ha, hb);
+      // Wide, so that the rows are whole until the test narrows it.
+      term = new Terminal([
+        "sh",
+        "-c",
+        'stty cols 200; exec "$@"',
+        "sh",
+        ...runlock,
+        "ls",
+        "--watch",
+        dir,
+      ]);
+      const first = await frame(
+        term,
+        (f) => rows(f).length === 2,
+        "the two locks",
+      );
+      assert.match(first[0], /^runlock ls --watch .* {2}· {2}2 locks$/);
+      assert.deepEqual(first[1].split(/ +/), [
+        "STATE",
+        "PID",
+        "HOST",
+        "SINCE",
+        "COMMAND",
+        "PATH",
+      ]);
+      const [state, pid, host, since, cmd] = row(first, a)!;
+      assert.deepEqual([state, pid, host, cmd], [
+        "held",
+        String(ha.pid),
+        hostname(),
+        "job-a",
+      ]);
+      assert.match(since, /^\d+s ago$/);
+      assert.equal(row(first, b)![4], "job-b");
+
+      // Nothing changes, and the age still moves on.
+      await frame(
+        term,
+        (f) => row(f, a)?.[3] !== since,
+        `a's age past '${since}'`,
+      );
+
+      const hc = await holding(c, "job-c");
+      holders.push(hc);
+      const started = await frame(
+        term,
+        (f) => row(f, c)?.[0] === "held",
+        "c held",
+      );
+      assert.equal(row(started, c)![1], String(hc.pid));
+      assert.match(started[0], / {2}3 locks {2}· {2}last: started c\.lock at /);
+
+      await ha.kill("SIGKILL");
+      const crashed = await frame(
+        term,
+        (f) => row(f, a)?.[0] === "stale",
+        "a stale",
+      );
+      assert.deepEqual(row(crashed, a)!.slice(0, 2), ["stale", String(ha.pid)]);
+      assert.equal(row(crashed, a)![4], "job-a", "the dead run's command");
+      assert.match(crashed[0], /last: crashed a\.lock at /);
+
+      await release(hb);
+      const released = await frame(
+        term,
+        (f) => /last: released b\.lock at /.test(f[0]),
+        "b released",
+      );
+      assert.equal(row(released, b), undefined, "b's row is gone");
+      assert.deepEqual(rows(released).map((r) => r[5]), [a, c]);
+
+      // A narrow terminal: every line cut to its width, none wrapped.
+      const mark = term.output.length;
+      term.resize(24, 40);
+      const narrow = await frame(term, (f) => f.length > 3, "a frame", mark);
+      for (const line of narrow) {
+        assert.ok([...line].length <= 40, `fits 40 columns: '${line}'`);
+      }
+      assert.ok(narrow[0].endsWith("…"), narrow[0]);
+      assert.match(narrow[2], /^stale {2}/, "a row, cut");
+
+      term.type("\x03");
+      assert.equal(await term.exit(), "exit 130", term.output);
+      assert.ok(term.output.includes("\x1b[?1049h"), "took the screen");
+      assert.ok(
+        term.output.endsWith(RESTORE),
+        JSON.stringify(term.output.slice(-80)),
+      );
+    } finally {
+      await term?.close();
+      for (const h of holders) await h.kill();
+      cleanup();
+    }
+  });
+
+  test("--json prints one line per change: present, started, released, crashed, each with the fields ls --json gives, in order; the plain form prints the kind and ls's columns; SIGTERM and SIGHUP end them (143, 129)", async () => {
+    const { dir, cleanup } = tempDir();
+    const [p, s, k] = ["present", "short", "killed"].map((n) =>
+      join(dir, `${n}.lock`)
+    );
+    const holders: Child[] = [];
+    let json: Background | undefined;
+    let plain: Background | undefined;
+    try {
+      const hp = await holding(p, "job-p");
+      holders.push(hp);
+      json = start("ls", "--watch", "--json", dir);
+      plain = start("ls", "--watch", dir);
+      const expected: Record<string, unknown>[] = [];
+      /** Waits until both have printed `n` lines. */
+      const both = async (n: number) => {
+        await json!.until(() => json!.lines.length >= n, `${n} JSON lines`);
+        await plain!.until(() => plain!.lines.length >= n, `${n} lines`);
+      };
+
+      expected.push({ kind: "present", ...lsJson(dir, p) });
+      await both(1);
+
+      const hs = await holding(s, "job-s");
+      holders.push(hs);
+      await both(2);
+      expected.push({ kind: "started", ...lsJson(dir, s) });
+
+      await release(hs);
+      await both(3);
+      const free = cli("status", "--json", s);
+      expected.push({ kind: "released", ...JSON.parse(free.stdout) });
+
+      const hk = await holding(k, "job-k");
+      holders.push(hk);
+      await both(4);
+      expected.push({ kind: "started", ...lsJson(dir, k) });
+
+      await hk.kill("SIGKILL");
+      await both(5);
+      expected.push({ kind: "crashed", ...lsJson(dir, k) });
+
+      json.signal("SIGTERM");
+      plain.signal("SIGHUP");
+      assert.equal((await json.exited).code, 143, json.stderr());
+      assert.equal((await plain.exited).code, 129, plain.stderr());
+      assert.deepEqual(json.lines.map((l) => JSON.parse(l)), expected);
+      assert.equal(JSON.parse(json.lines[3]).state, "held");
+      assert.equal(JSON.parse(json.lines[4]).state, "stale");
+
+      const words = plain.lines.map((l) => l.split(/ {2,}/));
+      const host = hostname();
+      assert.deepEqual(
+        words.map(([kind, state, pid, h, _since, cmd, path]) => [
+          kind,
+          state,
+          pid,
+          h,
+          cmd,
+          path,
+        ]),
+        [
+          ["present", "held", String(hp.pid), host, "job-p", p],
+          ["started", "held", String(hs.pid), host, "job-s", s],
+          // The run that ended: who it was, as last seen.
+          ["released", "free", String(hs.pid), host, "job-s", s],
+          ["started", "held", String(hk.pid), host, "job-k", k],
+          ["crashed", "stale", String(hk.pid), host, "job-k", k],
+        ],
+      );
+      assert.ok(words.every((w) => /^\d+s ago$/.test(w[4])), plain.lines[0]);
+    } finally {
+      await json?.kill();
+      await plain?.kill();
+      for (const h of holders) await h.kill();
+      cleanup();
+    }
+  });
+
+  test("--json | head -n 2: ls --watch exits 0, quietly, at its next line once head has gone (EPIPE)", async () => {
+    const { dir, cleanup } = tempDir();
+    const holders: Child[] = [];
+    // head closes its end of the pipe when it exits; the group closes its
+    // copy (exec <&-), so that nothing reads the pipe any more.
+    const script = '"$@" | { head -n 2; exec <&-; echo head-done >&2; }; ' +
+      'echo "ls-exit ${PIPESTATUS[0]}" >&2';
+    let pipeline: Background | undefined;
+    try {
+      for (const n of ["a", "b", "c"]) {
+        holders.push(await holding(join(dir, `${n}.lock`), `job-${n}`));
+      }
+      pipeline = new Background([
+        "bash",
+        "-c",
+        script,
+        "bash",
+        ...runlock,
+        "ls",
+        "--watch",
+        "--json",
+        dir,
+      ]);
+      await pipeline.stderrMatch(/head-done/);
+      assert.deepEqual(
+        pipeline.lines.map((l) => JSON.parse(l).kind),
+        ["present", "present"],
+      );
+      // The third line may have gone into the pipe before head left; the
+      // next change's line cannot.
+      holders.push(await holding(join(dir, "d.lock"), "job-d"));
+      await pipeline.stderrMatch(/ls-exit \d+/);
+      assert.equal((await pipeline.exited).code, 0);
+      assert.equal(
+        pipeline.stderr(),
+        "head-done\nls-exit 0\n",
+        "no error, no stack trace",
+      );
+    } finally {
+      await pipeline?.kill();
+      for (const h of holders) await h.kill();
+      cleanup();
+    }
+  });
+
+  test("ls --watch ends when its directory is removed (exit 1, said on stderr); one that does not exist is an error (exit 2)", async () => {
+    const { dir, cleanup } = tempDir();
+    const state = join(dir, "state");
+    mkdirSync(state);
+    let w: Background | undefined;
+    const holders: Child[] = [];
+    try {
+      const h = await holding(join(state, "a.lock"), "job-a");
+      holders.push(h);
+      w = start("ls", "--watch", state);
+      await w.line(/^present /);
+      await release(h);
+      await w.line(/^released /);
+      rmSync(state, { recursive: true });
+      assert.equal((await w.exited).code, 1, w.stderr());
+      assert.equal(
+        w.stderr(),
+        `runlock: ls: ${state} is gone (removed or moved): nothing left to watch\n`,
+      );
+      const missing = cli("ls", "--watch", state);
+      assert.equal(missing.code, 2);
+      assert.equal(
+        missing.stderr,
+        `runlock: ls: ${state} does not exist: nothing to watch\n`,
+      );
+    } finally {
+      await w?.kill();
+      for (const h of holders) await h.kill();
+      cleanup();
+    }
+  });
+
+  test("usage errors exit 2 before anything is watched: --interval without --db or --watch, a bad --interval, --recursive with --db; --help describes --watch", () => {
+    const db = "--db=postgres://nobody@127.0.0.1:1/none";
+    const cases: [string[], RegExp][] = [
+      [
+        ["--watch", "--interval=100", "."],
+        /option '--interval' is for --db \(PostgreSQL, polled\)/,
+      ],
+      [["--interval=100", db], /'--interval' .* it needs --watch/],
+      [
+        ["--watch", "--interval=5", db],
+        /'--interval' must be a whole number of milliseconds from 10 to 3600000: current value is '5'/,
+      ],
+      [["--watch", "--interval=1s", db], /current value is '1s'/],
+      [["--watch", "--recursive", db], /'--recursive' is for directories/],
+    ];
+    for (const [args, message] of cases) {
+      const r = cli("ls", ...args);
+      assert.equal(r.code, 2, `${args.join(" ")}: ${r.stderr}`);
+      assert.match(r.stderr, message);
+      assert.match(r.stderr, /usage:/);
+      assert.equal(r.stdout, "");
+    }
+    const help = cli("ls", "--help");
+    assert.equal(help.code, 0);
+    assert.ok(
+      help.stdout.includes(
+        "runlock ls --watch [--json] [--recursive] [--] <dir>\n" +
+          "  runlock ls --watch --db=URL [--json] [--interval=MS] [--] [<prefix>]",
+      ),
+      help.stdout,
+    );
+    assert.match(help.stdout, /--watch: keep watching/);
+    assert.match(
+      help.stdout,
+      /by polling the runlock_locks table and\npg_locks every --interval=MS/,
+    );
+    assert.match(help.stdout, /pg_locks/);
+  });
+});
+
+// --db: as tests/cli_postgres_test.ts does, against the server of
+// RUNLOCK_TEST_PG_URL or a throwaway cluster; skipped loudly without
+// PostgreSQL binaries (failed under CI=true), and under Node and Bun until
+// the npm package ships runlock/postgres.
+const hasServer = Boolean(process.env.RUNLOCK_TEST_PG_URL) ||
+  findPgBin() !== undefined;
+const SKIP_MESSAGE =
+  "no PostgreSQL binaries (initdb, pg_ctl) and no RUNLOCK_TEST_PG_URL: ls --watch --db is NOT tested";
+
+/** Whether the CLI under test has the PostgreSQL backend. */
+function cliHasPostgres(): boolean {
+  if (cliRuntime === "deno" || process.env.RUNLOCK_CLI) return true;
+  try {
+    const pkg = createRequire(import.meta.url).resolve("runlock/package.json");
+    return "./postgres" in JSON.parse(readFileSync(pkg, "utf8")).exports;
+  } catch {
+    return false;
+  }
+}
+const shipped = cliHasPostgres();
+if (!hasServer) {
+  if (process.env.CI === "true") {
+    test("PostgreSQL is available to the ls --watch --db tests under CI=true", () => {
+      assert.fail(SKIP_MESSAGE);
+    });
+  } else {
+    console.error(`! ${SKIP_MESSAGE} !`);
+  }
+} else if (!shipped) {
+  console.error(
+    `the npm package does not export runlock/postgres: ls --watch --db is NOT tested with this ${cliRuntime} bin`,
+  );
+}
+
+/** The shell loop of a command that runs until the file "$1" exists. */
+const UNTIL_DONE = 'echo ready; while [ ! -e "$1" ]; do sleep 0.05; done';
+
+describe("runlock ls --watch --db (PostgreSQL)", {
+  skip: !hasServer || !shipped,
+}, () => {
+  let cluster: Cluster;
+  let db: string;
+  before(async () => {
+    cluster = await startCluster();
+    db = `--db=${cluster.url}`;
+  });
+  after(() => cluster?.stop());
+
+  /** `runlock run --db NAME -- sh (until done)`, once its command runs. */
+  async function running(name: string, done: string): Promise<Background> {
+    const run = start(
+      "run",
+      db,
+      name,
+      "--",
+      "sh",
+      "-c",
+      UNTIL_DONE,
+      "sh",
+      done,
+    );
+    await run.line(/^ready$/);
+    return run;
+  }
+
+  /** status --json --db of `name`, as an object. */
+  function statusJson(name: string): Record<string, unknown> {
+    const r = cli("status", "--json", db, name);
+    assert.ok(r.code === 0 || r.code === 1, r.stderr);
+    return JSON.parse(r.stdout);
+  }
+
+  test("--json --interval: one line per change of the names under the prefix (present, started, released, crashed: its runlock SIGKILLed), each with status --json's fields; Ctrl-C (SIGINT) ends it (130)", async () => {
+    const { dir, cleanup } = tempDir();
+    const prefix = `cli-watch/${process.pid}-${Date.now().toString(36)}/`;
+    const [p, s, k] = ["present", "short", "killed"].map((n) => prefix + n);
+    const done = join(dir, "done");
+    const runs: Background[] = [];
+    let json: Background | undefined;
+    try {
+      const rp = await running(p, done);
+      runs.push(rp);
+      // Another prefix's lock is not listed.
+      runs.push(await running(`other-${prefix}x`, done));
+      json = start("ls", "--watch", "--json", "--interval=50", db, prefix);
+      const lines = async (n: number) => {
+        await json!.until(() => json!.lines.length >= n, `${n} JSON lines`);
+      };
+      const expected: Record<string, unknown>[] = [];
+      await lines(1);
+      expected.push({ kind: "present", ...statusJson(p) });
+
+      const rs = startWithInput(
+        "run",
+        db,
+        s,
+        "--",
+        "sh",
+        "-c",
+        "echo ready; read x || true",
+      );
+      runs.push(rs);
+      await rs.line(/^ready$/);
+      await lines(2);
+      expected.push({ kind: "started", ...statusJson(s) });
+      rs.endInput(); // its command reads EOF and exits: a release
+      assert.equal((await rs.exited).code, 0, rs.stderr());
+      await lines(3);
+      expected.push({ kind: "released", ...statusJson(s) });
+
+      const rk = await running(k, done);
+      runs.push(rk);
+      await lines(4);
+      expected.push({ kind: "started", ...statusJson(k) });
+      // runlock dies; its session with it; the record stays: stale.
+      rk.child.kill("SIGKILL");
+      await lines(5);
+      expected.push({ kind: "crashed", ...statusJson(k) });
+
+      json.signal("SIGINT");
+      assert.equal((await json.exited).code, 130, json.stderr());
+      assert.deepEqual(json.lines.map((l) => JSON.parse(l)), expected);
+      assert.deepEqual(expected.map((e) => e.state), [
+        "held",
+        "held",
+        "free",
+        "held",
+        "stale",
+      ]);
+    } finally {
+      writeFileSync(done, "");
+      await json?.kill();
+      for (const r of runs) await r.kill();
+      cleanup();
+    }
+  });
+});
