@@ -49,6 +49,12 @@ const RECHECK_FIRST_MS = 250;
 const RECHECK_MS = 1000;
 /** The re-scan's period where there is no watch to wait for (ms). */
 const POLL_MS = 1000;
+/**
+ * Deno's re-scan period once its watch has been quiet for
+ * {@linkcode QUIET_MS} (ms): every second while events come.
+ */
+const DENO_QUIET_POLL_MS = 5000;
+const QUIET_MS = 10_000;
 
 /** A run at a path, as last reported. */
 interface Run {
@@ -115,6 +121,9 @@ export class Session implements AsyncIterableIterator<Change[]> {
   #eventsSince = false;
   /** Something cannot be watched (a directory, or a holder's close): poll. */
   #poll = false;
+  /** Deno: its watch may drop events, so poll too (see #watchDir). */
+  #safety = false;
+  #lastEvent = 0;
   #last: Promise<unknown> = Promise.resolve();
   readonly #onAbort = () => this.#shutdown();
 
@@ -282,7 +291,8 @@ export class Session implements AsyncIterableIterator<Change[]> {
     // Deno's watch has been seen to drop events (after a burst, a fresh
     // watch in the same process reported none of a directory's removal;
     // Deno 2.9.6): there, the re-scan runs every second as well.
-    if (d.close === undefined || p.runtime === "deno") this.#poll = true;
+    if (d.close === undefined) this.#poll = true;
+    if (p.runtime === "deno") this.#safety = true;
     this.#dirs.add(d);
     return d;
   }
@@ -332,7 +342,7 @@ export class Session implements AsyncIterableIterator<Change[]> {
     const resolve = this.#waiter!;
     this.#settleWaiter();
     resolve({ value: present, done: false });
-    if (this.#poll) this.#scheduleRecheck(POLL_MS);
+    if (this.#poll || this.#safety) this.#scheduleRecheck(this.#period());
     // Events that came during the listing.
     if (this.#dirty.size > 0 || this.#dirtyDirs.size > 0) this.#flush();
   }
@@ -409,8 +419,11 @@ export class Session implements AsyncIterableIterator<Change[]> {
   #onEvent(d: DirWatch, name: string, moved: boolean): void {
     if (this.#phase === "done" || d.dropped) return;
     this.#eventsSince = true;
+    this.#lastEvent = performance.now();
     this.#dirtyDirs.add(d);
-    if (name !== "" && !TEMP_NAME.test(name)) {
+    if (TEMP_NAME.test(name)) {
+      this.#onTemp(d, name);
+    } else if (name !== "") {
       const path = within(d.path, name);
       const was = this.#dirty.get(path);
       this.#dirty.set(path, { d, closed: !moved || (was?.closed ?? false) });
@@ -418,6 +431,21 @@ export class Session implements AsyncIterableIterator<Change[]> {
     // Events of one turn of the event loop are handled together.
     this.#flushing ??= p.unrefLater(() => this.#flush(), 0);
     if (this.#recheck === undefined) this.#scheduleRecheck(RECHECK_FIRST_MS);
+  }
+
+  /**
+   * An event on a temp file's name. Deno's watch reports a holder's close
+   * under the name its descriptor was opened by: the acquire's temp file,
+   * unlinked since. So a temp name that is gone, of a held run's name, may
+   * be that holder's death.
+   */
+  #onTemp(d: DirWatch, name: string): void {
+    if (p.runtime !== "deno") return;
+    const stem = name.slice(1, name.length - 21);
+    const path = within(d.path, stem);
+    if (this.#runs.get(path)?.state !== "held") return;
+    if (lstatOf(within(d.path, name)) !== null) return;
+    this.#dirty.set(path, { d, closed: true });
   }
 
   #flush(): void {
@@ -468,9 +496,17 @@ export class Session implements AsyncIterableIterator<Change[]> {
       const again = this.#eventsSince;
       this.#eventsSince = false;
       this.#rescan();
-      if (this.#poll) this.#scheduleRecheck(POLL_MS);
+      if (this.#poll || this.#safety) this.#scheduleRecheck(this.#period());
       else if (again) this.#scheduleRecheck(RECHECK_MS);
     }, ms);
+  }
+
+  /** How long until the next re-scan, when re-scans are periodic (ms). */
+  #period(): number {
+    if (this.#poll) return POLL_MS;
+    return performance.now() - this.#lastEvent < QUIET_MS
+      ? POLL_MS
+      : DENO_QUIET_POLL_MS;
   }
 
   /**
