@@ -107,6 +107,21 @@ export function pidView(
 
 /** The public form of a probe's answer. */
 export function toInspection(path: string, found: Probe): Inspection {
+  // pidView's answer, without its object: on inspect()'s hot path.
+  let pidValidHere: boolean | undefined;
+  let pidElsewhere: Inspection["pidElsewhere"];
+  if (found.state === "held" && found.pid !== 0 && found.marker) {
+    // A held runlock record's `far` is the probe's own `elsewhere` check:
+    // only then is the answer not "the same process here" (or unknown).
+    const where = found.far ? elsewhere(found) : undefined;
+    if (where !== undefined) {
+      pidValidHere = false;
+      pidElsewhere = where;
+    } else if (found.boot && found.pidns) {
+      const { boot, pidns } = p.identity();
+      if (boot && pidns) pidValidHere = true;
+    }
+  }
   return {
     path,
     state: found.state,
@@ -119,7 +134,8 @@ export function toInspection(path: string, found: Probe): Inspection {
     meta: { ...found.meta },
     bootId: found.boot,
     pidNamespace: found.pidns,
-    ...pidView(found),
+    pidValidHere,
+    pidElsewhere,
   };
 }
 
