@@ -114,7 +114,10 @@ export function lineSink(io: CliIo, stop: AbortController): Sink {
           : { ...c.inspection, path: c.path };
         if (c.inspection.state === "free") last.delete(c.path);
         else last.set(c.path, c.inspection);
-        return [c.kind, ...lsCells(shown, now)];
+        // The kind and state as wide as their longest ("taken over",
+        // "invalid"), so that lines of separate batches line up too.
+        const [state, ...rest] = lsCells(shown, now);
+        return [c.kind.padEnd(10), state.padEnd(7), ...rest];
       });
       for (const line of alignRows(rows)) out(line);
     },
