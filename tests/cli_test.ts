@@ -1533,11 +1533,6 @@ describe("usage", () => {
     ],
     ["a single-dash option of ls", ["ls", "-r", "."], /unknown option '-r'/],
     ["ls without a directory", ["ls"], /ls: missing <dir>/],
-    [
-      "ls --db",
-      ["ls", "--db=postgres://db/x", "."],
-      /ls: .*no PostgreSQL form/,
-    ],
   ];
   for (const [name, args, message] of bad) {
     test(`${name}: a short message and the usage on stderr, nothing on stdout, exit 2`, () => {

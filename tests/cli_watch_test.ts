@@ -400,14 +400,14 @@ describe("runlock ls --watch", () => {
     assert.ok(
       help.stdout.includes(
         "runlock ls --watch [--json] [--recursive] [--] <dir>\n" +
-          "  runlock ls --watch --db=URL [--json] [--interval=MS] [--] [<prefix>]",
+          "  runlock ls --db=URL [--json] [--watch [--interval=MS]] [--] [<prefix>]",
       ),
       help.stdout,
     );
     assert.match(help.stdout, /--watch: keep watching/);
     assert.match(
       help.stdout,
-      /by polling the runlock_locks table and\npg_locks every --interval=MS/,
+      /from the runlock_locks table and pg_locks; --watch\npolls them every --interval=MS/,
     );
     assert.match(help.stdout, /pg_locks/);
   });
@@ -485,7 +485,7 @@ describe("runlock ls --watch --db (PostgreSQL)", {
     return JSON.parse(r.stdout);
   }
 
-  test("--json --interval: one line per change of the names under the prefix (present, started, released, crashed: its runlock SIGKILLed), each with status --json's fields; Ctrl-C (SIGINT) ends it (130)", async () => {
+  test("--json --interval: one line per change of the names under the prefix (present, started, released, crashed: its runlock SIGKILLed), each with status --json's fields; ls --db lists them once; Ctrl-C (SIGINT) ends it (130)", async () => {
     const { dir, cleanup } = tempDir();
     const prefix = `cli-watch/${process.pid}-${Date.now().toString(36)}/`;
     const [p, s, k] = ["present", "short", "killed"].map((n) => prefix + n);
@@ -518,6 +518,19 @@ describe("runlock ls --watch --db (PostgreSQL)", {
       await rs.line(/^ready$/);
       await lines(2);
       expected.push({ kind: "started", ...statusJson(s) });
+      // ls --db (without --watch): the same names, once.
+      const once = cli("ls", db, prefix);
+      assert.equal(once.code, 0, once.stderr);
+      const listed = once.stdout.trimEnd().split("\n").map((l) =>
+        l.split(/ {2,}/)
+      );
+      assert.deepEqual(listed.map((r) => [r[0], r[1], r[4], r[5]]), [
+        ["held", String(rp.pid), `sh -c '${UNTIL_DONE}' sh ${done}`, p],
+        ["held", String(rs.pid), "sh -c 'echo ready; read x || true'", s],
+      ]);
+      const onceJson = JSON.parse(cli("ls", "--json", db, prefix).stdout);
+      assert.deepEqual(onceJson, [statusJson(p), statusJson(s)]);
+
       rs.endInput(); // its command reads EOF and exits: a release
       assert.equal((await rs.exited).code, 0, rs.stderr());
       await lines(3);

@@ -70,10 +70,11 @@ PostgreSQL (--db=URL, or RUNLOCK_DATABASE_URL for status, run and wait):
   database session on postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE, for
   runs on several hosts. Same output, JSON and exit codes (status --json
   adds fence and backendPid); run holds the session while the command runs.
-  The URL is never printed. ls --watch --db=URL [<prefix>] follows the lock
-  names that start with <prefix> by polling pg_locks (every --interval=MS,
-  1000 by default): PostgreSQL tells nobody when an advisory lock is taken
-  or dropped. ls takes --db only, not the variable.
+  The URL is never printed. ls --db=URL [<prefix>] lists the lock names
+  that start with <prefix>; ls --watch --db follows them by polling
+  pg_locks (every --interval=MS, 1000 by default): PostgreSQL tells nobody
+  when an advisory lock is taken or dropped. ls takes --db only, not the
+  variable.
 
 exit codes: 0 ok/held, 1 free/stale/timeout, 2 usage or error, 75 held by
 another run (run), 126/127 command not executable/not found; run otherwise

@@ -204,12 +204,15 @@ async function ls(args: string[], io: CliIo): Promise<number> {
     return 0;
   }
   if (req.watch) return await live(req, io);
-  // (A one-shot listing of a database waits for tests/cli_test.ts, which
-  // still expects this refusal.)
-  throw new UsageError(
-    "ls: lists the lock files in a directory; it has no PostgreSQL form " +
-      "but ls --watch --db=URL [<prefix>] (its first lines: the names there)",
-  );
+  const locks = await database(req.url);
+  try {
+    const here = hostHere();
+    const found = await locks.scan({ prefix: req.where });
+    print(found.map((i) => pgInfo(i, here)), req.json, io);
+    return 0;
+  } finally {
+    await locks.end();
+  }
 }
 
 /** What the live table's title says is watched. */
@@ -298,7 +301,7 @@ export const lsCommand: Command = {
   name: "ls",
   usage: `runlock ls [--json] [--recursive] [--] <dir>
 runlock ls --watch [--json] [--recursive] [--] <dir>
-runlock ls --watch --db=URL [--json] [--interval=MS] [--] [<prefix>]`,
+runlock ls --db=URL [--json] [--watch [--interval=MS]] [--] [<prefix>]`,
   help: `One line per lock file in <dir> (any file name; --recursive: the
 whole tree, no symlinks followed): state, pid, host, age, command,
 path. Exit 0. --json prints an array of inspect() results.
@@ -310,9 +313,9 @@ released, crashed (its holder died; the file is stale), taken over,
 lost (the file deleted or replaced under a live holder); otherwise
 one plain line per change: the kind, then the columns above.
 Lock files are watched through the kernel (inotify), not polled.
---db=URL (with --watch): the PostgreSQL lock names that start with
-<prefix> (all without one), by polling the runlock_locks table and
-pg_locks every --interval=MS (default ${INTERVAL_MS}).
+--db=URL: the PostgreSQL lock names that start with <prefix> (all
+without one), from the runlock_locks table and pg_locks; --watch
+polls them every --interval=MS (default ${INTERVAL_MS}).
 Ends on Ctrl-C, SIGTERM or SIGHUP (exit 128+N), when <dir> is
 removed (exit 1, said on stderr), or at its next line after the
 reader of its output has gone (exit 0: ls --watch --json DIR |
