@@ -346,6 +346,7 @@ const BIN_TESTS = new Set([
   "cli_test.js",
   "cli_tty_test.js",
   "cli_postgres_test.js",
+  "cli_watch_test.js",
 ]);
 const versions = (process.env.RUNLOCK_NODE_VERSIONS ?? "20,22,24").split(",");
 
@@ -452,6 +453,9 @@ const COST: Record<string, number> = {
   "postgres_contract_test.js": 10,
   "postgres_stress_test.js": 7,
   "cli_tty_test.js": 12,
+  "cli_watch_test.js": 8,
+  "watch_test.js": 8,
+  "postgres_watch_test.js": 10,
   "property_test.js": 7,
   "scan_test.js": 5,
   "stress_test.js": 5,
@@ -601,7 +605,12 @@ if (!process.env.RUNLOCK_SKIP_BUN) {
       runBuffered(log, Deno.execPath(), [
         "test",
         "--allow-all",
-        ...["cli_test.ts", "cli_tty_test.ts", "cli_postgres_test.ts"]
+        ...[
+          "cli_test.ts",
+          "cli_tty_test.ts",
+          "cli_postgres_test.ts",
+          "cli_watch_test.ts",
+        ]
           .map((f) => join(root, "tests", f))
           .filter((f) => existsSync(f)),
       ], {

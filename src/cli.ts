@@ -8,6 +8,7 @@
  * runlock run .state/run.lock -- ./sync.sh  # exit 75 if another run holds it
  * runlock wait --timeout=60 .state/run.lock # exit 0 once free, 1 on timeout
  * runlock ls --recursive .state             # one line per lock: state, pid, host, age, cmd, path
+ * runlock ls --watch .state                 # live: each run's start, release, crash, takeover
  * runlock run --db=postgres://app@db/app sync/main -- ./sync.sh   # the lock on PostgreSQL
  * runlock db-setup --db=postgres://app@db/app | psql postgres://owner@db/app  # the table, once
  * ```
