@@ -22,6 +22,7 @@ import {
   Terminal,
 } from "./_cli.ts";
 import { Child, delay, tempDir } from "./_helpers.ts";
+import { commandLines, docBlock } from "./_readme.ts";
 import {
   type Cluster,
   findPgBin,
@@ -112,6 +113,34 @@ function lsJson(dir: string, path: string): Record<string, unknown> {
   return found;
 }
 
+/** The kinds of change ls --watch prints. */
+const KINDS = [
+  "present",
+  "started",
+  "released",
+  "crashed",
+  "taken over",
+  "lost",
+];
+
+/**
+ * A plain ls --watch line's cells (kind, state, pid, host, since, command,
+ * path), checking its columns: the kind padded to 'taken over', the state
+ * to 'invalid', then ls's columns two spaces apart.
+ */
+function plainCells(line: string): string[] {
+  const kind = line.slice(0, 12).trimEnd();
+  const state = line.slice(12, 21).trimEnd();
+  assert.ok(KINDS.includes(kind), `a kind: '${line}'`);
+  assert.match(state, /^(held|stale|free|invalid)$/, line);
+  assert.notEqual(line[21], " ", `the pid at column 21: '${line}'`);
+  const rest = line.slice(21).split(/ {2,}/);
+  assert.equal(rest.length, 5, line);
+  assert.match(rest[0], /^\d+$/, line);
+  assert.match(rest[2], /^\d+s ago$/, line);
+  return [kind, state, ...rest];
+}
+
 describe("runlock ls --watch", () => {
   test("at a terminal, a live table (state, pid, host, since, command, path) shows a new run held, a SIGKILLed one stale, drops a released one, ages its 'since' column, cuts its lines to a narrow terminal, and Ctrl-C gives the terminal back (exit 130)", async () => {
     const { dir, cleanup } = tempDir();
@@ -147,6 +176,29 @@ describe("runlock ls --watch", () => {
         "COMMAND",
         "PATH",
       ]);
+      // docs/cli.md's picture: this title and header, rows of this shape.
+      const picture = docBlock("cli.md", "cli-watch-table").text.trimEnd()
+        .split("\n");
+      assert.equal(picture[0], "$ runlock ls --watch .state");
+      assert.equal(
+        picture[1].replace(/ \d+ locks/, " N locks"),
+        first[0].replace(dir, ".state").replace(/ \d+ locks/, " N locks") +
+          "  ·  last: started sync.lock at 01:12:37",
+      );
+      assert.deepEqual(picture[2].split(/ +/), first[1].split(/ +/));
+      /** Where each column starts. */
+      const starts = (line: string) =>
+        [...line.matchAll(/(?:^| {2})(\S)/g)].map((m) =>
+          m.index! + m[0].length - 1
+        );
+      for (const line of picture.slice(3)) {
+        assert.deepEqual(starts(line), starts(picture[2]), line);
+        const cells = line.split(/ {2,}/);
+        assert.equal(cells.length, 6, line);
+        assert.match(cells[0], /^(held|stale)$/, line);
+        assert.match(cells[1], /^\d+$/, line);
+        assert.match(cells[3], /^\d+s ago$/, line);
+      }
       const [state, pid, host, since, cmd] = row(first, a)!;
       assert.deepEqual([state, pid, host, cmd], [
         "held",
@@ -288,6 +340,43 @@ describe("runlock ls --watch", () => {
         ],
       );
       assert.ok(words.every((w) => /^\d+s ago$/.test(w[4])), plain.lines[0]);
+      for (const line of plain.lines) plainCells(line);
+
+      // docs/cli.md's pictures: lines of these very shapes.
+      const shown = docBlock("cli.md", "cli-watch-json").text.trimEnd()
+        .split("\n");
+      assert.equal(shown[0], "$ runlock ls --watch --json .state");
+      const keys = Object.keys(JSON.parse(json.lines[0]));
+      const told = shown.slice(1).map((l) => JSON.parse(l));
+      for (const line of told) {
+        assert.deepEqual(Object.keys(line), keys, JSON.stringify(line));
+        assert.ok(KINDS.includes(line.kind), line.kind);
+      }
+      assert.deepEqual(told.map((l) => [l.kind, l.state]), [
+        ["present", "held"],
+        ["started", "held"],
+        ["started", "held"],
+        ["crashed", "stale"],
+        ["released", "free"],
+      ]);
+      // A release's line is the free inspection, as printed here.
+      assert.deepEqual(
+        { ...told[4], path: s },
+        JSON.parse(json.lines[2]),
+      );
+      const logged = docBlock("cli.md", "cli-watch-plain").text.trimEnd()
+        .split("\n");
+      assert.equal(
+        logged[0],
+        "$ runlock ls --watch .state >> watch.log; cat watch.log",
+      );
+      assert.deepEqual(logged.slice(1).map((l) => plainCells(l)[0]), [
+        "present",
+        "started",
+        "started",
+        "crashed",
+        "released",
+      ]);
     } finally {
       await json?.kill();
       await plain?.kill();
@@ -497,7 +586,18 @@ describe("runlock ls --watch --db (PostgreSQL)", {
       runs.push(rp);
       // Another prefix's lock is not listed.
       runs.push(await running(`other-${prefix}x`, done));
-      json = start("ls", "--watch", "--json", "--interval=50", db, prefix);
+      // docs/cli.md's line, on this server and prefix.
+      const [documented] = commandLines(docBlock("cli.md", "cli-watch-db"));
+      const words = documented.split(" ");
+      assert.deepEqual(words.slice(0, 4), [
+        "runlock",
+        "ls",
+        "--watch",
+        "--json",
+      ]);
+      assert.match(words[4], /^--db=postgres:\/\//);
+      assert.match(words[5], /^--interval=\d+$/);
+      json = start("ls", "--watch", "--json", words[5], db, prefix);
       const lines = async (n: number) => {
         await json!.until(() => json!.lines.length >= n, `${n} JSON lines`);
       };
