@@ -12,6 +12,7 @@ import { RACING_SLEEPS } from "./_probe.ts";
 import { LockPermissionError, RunlockError } from "./errors.ts";
 import { platform as p } from "./platform/current.ts";
 import type { Handle } from "./platform/types.ts";
+import type { Probe } from "./_protocol.ts";
 import type { Inspection } from "./probes.ts";
 import {
   acquiring,
@@ -70,6 +71,15 @@ interface Run {
   wake: (() => void) | undefined;
   /** When a stale run's name was first seen gone (a takeover may follow). */
   vacated: number | undefined;
+  /**
+   * Seen dead: its flock found free, and then its name found still naming
+   * its inode (a clean release unlinks before it lets go). Looked at on
+   * its holder's close, so that a waiter that takes the file over before
+   * the watch looks again does not hide the crash.
+   */
+  died: boolean;
+  /** Its last probe. */
+  found: Probe;
 }
 
 /** One watched directory. */
@@ -334,6 +344,7 @@ export class Session implements AsyncIterableIterator<Change[]> {
         await sleep(ms);
         seen = look(path);
       }
+      if (this.#phase !== "starting") return;
       if (seen.kind !== "none") present.push(this.#adopt(path, d, seen));
     }
     if (this.#phase !== "starting") return;
@@ -443,9 +454,17 @@ export class Session implements AsyncIterableIterator<Change[]> {
     if (p.runtime !== "deno") return;
     const stem = name.slice(1, name.length - 21);
     const path = within(d.path, stem);
-    if (this.#runs.get(path)?.state !== "held") return;
+    const run = this.#runs.get(path);
+    if (run?.state !== "held") return;
     if (lstatOf(within(d.path, name)) !== null) return;
+    this.#diedNow(run);
     this.#dirty.set(path, { d, closed: true });
+  }
+
+  /** Whether `run`'s holder is dead now, its record still at its path. */
+  #diedNow(run: Run): void {
+    if (run.died || run.fd === undefined || !flockFree(run.fd)) return;
+    run.died = keyOf(lstatOf(run.path)) === run.ino;
   }
 
   #flush(): void {
@@ -483,6 +502,7 @@ export class Session implements AsyncIterableIterator<Change[]> {
   /** A held run's holder closed a writable descriptor of its inode. */
   #onClose(run: Run): void {
     if (this.#runs.get(run.path) !== run || this.#phase === "done") return;
+    this.#diedNow(run);
     run.wake?.();
     this.#settle(run.path, run.dir, true);
     this.#deliver();
@@ -629,6 +649,7 @@ export class Session implements AsyncIterableIterator<Change[]> {
         return this.#racing(path, d);
       }
       if (seen.found.state === "stale") {
+        rep.found = seen.found;
         this.#toStale(rep);
         this.#push(path, "crashed", inspection(path, seen.found));
         return;
@@ -707,6 +728,7 @@ export class Session implements AsyncIterableIterator<Change[]> {
     for (const ms of CLOSE_SLEEPS) {
       await sleep(ms);
       if (this.#runs.get(path) !== rep || this.#phase === "done") return;
+      this.#diedNow(rep);
       const freeBefore = rep.fd !== undefined && flockFree(rep.fd);
       const seen = look(path);
       const same = seen.kind !== "none" && seen.ino === rep.ino &&
@@ -744,6 +766,18 @@ export class Session implements AsyncIterableIterator<Change[]> {
     };
     const fd = rep.fd;
     if (fd === undefined || freeBefore || flockFree(fd)) {
+      // Its flock and its name both gone: which went first is not known
+      // from what is there now, unless it was seen dead at its close (a
+      // waiter took the file over since). Otherwise released: never a
+      // crash that was not seen (the order of the two events cannot be
+      // had: on Node and Bun they come through two watches, which Bun
+      // delivered out of the kernel's order 7 times in 30; Deno's watch
+      // drops events in bursts).
+      if (rep.died && !d.dropped) {
+        this.#toStale(rep);
+        this.#push(path, "crashed", staleInspection(path, rep.found));
+        return this.#once(path, d, false);
+      }
       return finish("released");
     }
     return (async () => {
@@ -789,6 +823,8 @@ export class Session implements AsyncIterableIterator<Change[]> {
       unclose: undefined,
       wake: undefined,
       vacated: undefined,
+      died: false,
+      found: seen.found,
     };
     this.#runs.set(path, run);
     d.runs.add(path);
