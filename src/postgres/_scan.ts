@@ -12,15 +12,21 @@ export interface Scanned {
   /**
    * How sure the read is (see the `scan` statement):
    * - `settled`: what a probe says, and will say until something happens;
-   * - `pending`: an acquire in flight (the key granted, its holder still
-   *   in the statement that writes the record): `info` says what a probe
-   *   says now (a foreign holder), not what it will say once it commits;
+   * - `pending`: an acquire or a release in flight (its session still in
+   *   the statement that writes the record): `info` says what a probe
+   *   says now (a foreign holder, a stale record), not what it will say
+   *   once it commits;
    * - `unsettled`: maybe half way through an acquire or a release (who
    *   holds the key, or whether the record's backend is the holder's,
    *   could not be told): a look a moment later may say otherwise.
    */
   certainty: "settled" | "pending" | "unsettled";
 }
+
+/** A read before it is compared with the one before it (see scanRows). */
+type Read = Omit<Scanned, "certainty"> & {
+  certainty: Scanned["certainty"] | "recheck";
+};
 
 /** Pauses before each read again of a scan that read something unsettled. */
 const AGAIN_MS = [2, 4, 8];
@@ -75,7 +81,7 @@ async function readOnce(
   timeout: number,
   prefix: string,
   names: readonly string[],
-): Promise<Scanned[]> {
+): Promise<Read[]> {
   const rows = await session.query(
     sql.scan,
     [prefix, names],
@@ -84,32 +90,34 @@ async function readOnce(
     timeout,
   );
   const seen = new Set<string>();
-  const out: Scanned[] = [];
+  const out: Read[] = [];
   for (const row of rows) {
     const name = row.name as string;
     // A key held in shared mode by several sessions (not runlock's doing)
     // gives one row per session: the name once is enough.
     if (seen.has(name)) continue;
     seen.add(name);
-    let { info } = interpret(name, BigInt(row.key as string), row);
+    const { info } = interpret(name, BigInt(row.key as string), row);
     let certainty: Scanned["certainty"] = "settled";
     if (info.foreign) {
-      certainty = row.holder_state === "active"
-        ? "pending"
-        : row.holder_state === null
-        ? "unsettled"
-        : "settled"; // an idle session holds it: another application's
+      // An acquire in flight while its holder is in its statement. An idle
+      // holder is another application's, or (pg_stat_activity being read
+      // apart from pg_locks) one that has just begun an acquire: a second
+      // read must agree.
+      certainty = row.holder_state === "active" ? "pending" : "unsettled";
     } else if (info.state === "stale" && row.record_backend_alive === true) {
-      if (row.record_backend_checked === true) {
-        // The holder dropped the key and its release is committing: what
-        // every probe will say once it has. (A backend_start after the
-        // record's start would be a later backend with a recycled pid:
-        // not joined, so the record reads stale.)
-        info = interpret(name, 0n, { fence: row.fence, backend_pid: null })
-          .info;
-      } else certainty = "unsettled";
+      // A release in flight while its backend is in its statement; else a
+      // backend on its way out (a crash), or a release just committed.
+      certainty = row.record_backend_checked === true &&
+          row.record_backend_state === "active"
+        ? "pending"
+        : "unsettled";
     }
-    out.push({ info, certainty });
+    // A plain stale read: its record may be one whose release committed
+    // after our snapshot, by a backend gone before pg_stat_activity was
+    // read. Settled by a second read (see scanRows).
+    const recheck = info.state === "stale" && certainty === "settled";
+    out.push({ info, certainty: recheck ? "recheck" : certainty });
   }
   return out.sort((a, b) =>
     a.info.path < b.info.path ? -1 : a.info.path > b.info.path ? 1 : 0
@@ -118,17 +126,26 @@ async function readOnce(
 
 /**
  * Every name of the table that starts with `prefix` (literally) and is
- * held or stale, plus the `names` given even when they are free (and
- * those whose release is committing); sorted by name. What was read half
- * way through an acquire or a release is read again, three times at most
- * (about 15 ms), and comes back `pending` or `unsettled` if it is still so
- * then. Statement errors propagate (a missing table: SQLSTATE 42P01).
+ * held or stale, plus the `names` given even when they are free; sorted
+ * by name. What was read half way through an acquire or a release is read
+ * again, three times at most (about 15 ms), and comes back `pending` or
+ * `unsettled` if it is still so then. A stale record is believed when two
+ * reads in a row agree, or when it is the one in `known` (a watch's last
+ * report). Statement errors propagate (a missing table: SQLSTATE 42P01).
+ *
+ * A stale read needs the second read because pg_locks, the record and
+ * pg_stat_activity are each read at their own moment: a holder that
+ * releases after the statement's snapshot and closes its session before
+ * pg_stat_activity is read looks like one that crashed. Once it has
+ * left pg_stat_activity it has either committed its release or never
+ * will, so a later statement's snapshot reads the record as it stays.
  *
  * @param session A probe session.
  * @param sql The statements of the table.
  * @param timeout Milliseconds the statement may take (see Session.query).
  * @param prefix The literal prefix; `""` for every name.
  * @param names Names to list even when free.
+ * @param known What was reported last, per name (a watch's).
  * @returns What each name's probe says, sorted by name.
  */
 export async function scanRows(
@@ -137,12 +154,27 @@ export async function scanRows(
   timeout: number,
   prefix: string,
   names: readonly string[] = [],
+  known?: ReadonlyMap<string, PgInspection>,
 ): Promise<Scanned[]> {
-  let found = await readOnce(session, sql, timeout, prefix, names);
-  for (const ms of AGAIN_MS) {
+  const agrees = (a: PgInspection | undefined, b: PgInspection) =>
+    a !== undefined && a.state === "stale" && a.fence === b.fence &&
+    a.pid === b.pid && a.started?.getTime() === b.started?.getTime();
+  let before: Map<string, PgInspection> | undefined;
+  let found: Scanned[] = [];
+  for (let i = 0; i <= AGAIN_MS.length; i++) {
+    if (i > 0) await new Promise((r) => setTimeout(r, AGAIN_MS[i - 1]));
+    const read = await readOnce(session, sql, timeout, prefix, names);
+    found = read.map(({ info, certainty }) => ({
+      info,
+      certainty: certainty !== "recheck"
+        ? certainty
+        : agrees(before?.get(info.path), info) ||
+            agrees(known?.get(info.path), info)
+        ? "settled"
+        : "unsettled",
+    }));
     if (found.every((s) => s.certainty === "settled")) break;
-    await new Promise((r) => setTimeout(r, ms));
-    found = await readOnce(session, sql, timeout, prefix, names);
+    before = new Map(read.map((r) => [r.info.path, r.info]));
   }
   return found;
 }
@@ -170,13 +202,14 @@ export async function scanTable(
   prefix: string,
   names: readonly string[],
   tableKnown: boolean,
+  known?: ReadonlyMap<string, PgInspection>,
 ): Promise<TableScan> {
   if (!tableKnown && !(await tableExists(session, sql, timeout))) {
     return { rows: [], table: false };
   }
   try {
     return {
-      rows: await scanRows(session, sql, timeout, prefix, names),
+      rows: await scanRows(session, sql, timeout, prefix, names, known),
       table: true,
     };
   } catch (err) {

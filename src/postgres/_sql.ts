@@ -357,21 +357,23 @@ export function statements(schema: string): Statements {
     // acquire or a release in flight (its commit may wait, for a WAL flush
     // or a synchronous standby) reads half done:
     // - a key held by a session the record does not name: an acquire
-    //   granted, its record not yet committed, while `holder_state` is
-    //   'active' (the holder is still in its statement);
+    //   granted, its record not yet committed;
     // - `record_backend_alive`: a record whose key is free while the
-    //   backend it names still lives and started before it: a release
-    //   that dropped the key and has not committed yet. Without
-    //   pg_read_all_stats (or membership in the role) another role's
-    //   backend_start and state read NULL (`record_backend_checked`
-    //   false): such a backend may be a later one with a dead holder's pid.
+    //   backend it names still lives and started before it: a release that
+    //   dropped the key and has not committed yet, or a backend on its way
+    //   out (it drops its locks before it leaves pg_stat_activity).
+    // While the backend is 'active' (`holder_state`, `record_backend_state`)
+    // it is still in that statement. pg_stat_activity is read once per
+    // transaction, not when pg_locks is, so 'idle' may be stale by then.
+    // Without pg_read_all_stats (or membership in the role) another role's
+    // backend_start and state read NULL (`record_backend_checked` false).
     // $1 prefix (text), $2 names (text[]).
     scan: `SELECT r.name, r.key::pg_catalog.text AS key,
         r.fence::pg_catalog.text AS fence, r.pid, r.host, r.started,
         r.runtime, r.meta, r.backend_pid,
         l.pid AS holder_backend, a.application_name AS holder_application,
         a.state AS holder_state,
-        o.pid IS NOT NULL AS record_backend_alive,
+        o.pid IS NOT NULL AS record_backend_alive, o.state AS record_backend_state,
         o.backend_start IS NOT NULL AS record_backend_checked
       FROM ${table} r
       LEFT JOIN pg_catalog.pg_locks l

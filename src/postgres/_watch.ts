@@ -170,6 +170,7 @@ async function* poll(
       prefix,
       [...last.keys()],
       table,
+      last,
     );
     // A poll in flight on abort: the server is asked to stop it (a
     // statement waiting for a lock would not notice the closed socket

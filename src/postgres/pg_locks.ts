@@ -373,8 +373,7 @@ class PgLocksImpl implements PgLocks, AcquireHost, LockOwner {
           this.#tableReady,
         );
         this.#tableReady = table;
-        // Less the names whose release was committing: free.
-        return rows.filter((r) => r.info.state !== "free").map((r) => r.info);
+        return rows.map((r) => r.info);
       } catch (err) {
         // The probe session may have died while idle: one more try.
         if (attempt === 0 && session.lost !== undefined) continue;
