@@ -449,9 +449,14 @@ export interface PgLocks extends AsyncDisposable {
    * `present` per name {@linkcode PgLocks.scan} lists; maybe `[]`), each
    * later batch the changes one poll found, sorted by name, one per name
    * (see {@linkcode PgChangeKind}); polls that find nothing yield nothing.
-   * A name read half way through an acquire or a release is reported only
-   * once a second poll reads the same, so no change is reported that a
-   * probe a moment later would contradict.
+   * No change is reported that a probe a moment later would contradict:
+   * an acquire or a release still committing (its commit may wait for a
+   * WAL flush or a synchronous standby) is reported once it has committed,
+   * and a read that could be half of one counts only when a second read
+   * agrees. Telling a release still committing from a crash needs its
+   * session's `pg_stat_activity` row: with neither `pg_read_all_stats`
+   * nor membership in the holders' role, a release whose commit takes
+   * longer than a poll may be reported `crashed`, then `released`.
    *
    * A server restart or a dropped connection does not end it: the next
    * poll opens a new session and reports what changed meanwhile (after a
