@@ -1,0 +1,115 @@
+// The options and results of PgLocks.scan() and PgLocks.watch(),
+// re-exported by types.ts and mod.ts.
+import type { PgInspection } from "./types.ts";
+// deno-lint-ignore no-unused-vars
+import type { PgLocks } from "./types.ts";
+
+/**
+ * Options for {@linkcode PgLocks.scan}.
+ *
+ * @example The runs of one job, giving up after 5 seconds
+ * ```ts
+ * import type { PgScanOptions } from "@runlock/runlock/postgres";
+ *
+ * const options: PgScanOptions = {
+ *   prefix: "sync/",
+ *   signal: AbortSignal.timeout(5_000),
+ * };
+ * ```
+ */
+export interface PgScanOptions {
+  /**
+   * Only names that start with this text, matched literally (`%` and `_`
+   * are ordinary characters, not wildcards). Default `""`: every name.
+   */
+  prefix?: string;
+  /** Stops the scan: the promise rejects with the signal's reason. */
+  signal?: AbortSignal;
+}
+
+/**
+ * Options for {@linkcode PgLocks.watch}.
+ *
+ * @example Polling every 250 ms until shutdown
+ * ```ts
+ * import type { PgWatchOptions } from "@runlock/runlock/postgres";
+ *
+ * const shutdown = new AbortController();
+ * const options: PgWatchOptions = {
+ *   prefix: "sync/",
+ *   interval: 250,
+ *   signal: shutdown.signal,
+ * };
+ * ```
+ */
+export interface PgWatchOptions {
+  /** Only names that start with this text, literally (as in `scan`). */
+  prefix?: string;
+  /**
+   * Milliseconds from the end of one poll to the start of the next: a
+   * positive finite number. Default 1000.
+   */
+  interval?: number;
+  /** Ends the iteration (and closes the watch's session) when it aborts. */
+  signal?: AbortSignal;
+}
+
+/**
+ * What happened to a lock name, as {@linkcode PgLocks.watch} reports it
+ * (the same kinds as a file watch's):
+ *
+ * - `present`: held or stale when the watch began (first batch only);
+ * - `started`: a run took the free name;
+ * - `released`: its holder released it (or its record was deleted);
+ * - `crashed`: its holder's session ended without releasing it (the
+ *   process died or was killed, `pg_terminate_backend`, a server restart,
+ *   a lost network): the record is stale. Whether the process itself
+ *   still runs, the server cannot tell (its `lock.signal` tells it);
+ * - `taken over`: a new holder (a new fence) after a stale record, or
+ *   after another holder whose end fell between two polls;
+ * - `lost`: the holder's session still holds the key but its record was
+ *   deleted or rewritten under it (by hand: runlock never does); the
+ *   inspection is then a foreign holder's.
+ *
+ * @example Reacting to each kind
+ * ```ts
+ * import type { PgChangeKind } from "@runlock/runlock/postgres";
+ * import assert from "node:assert/strict";
+ *
+ * function verb(kind: PgChangeKind): string {
+ *   return kind === "crashed" ? "died holding" : kind;
+ * }
+ * assert.equal(verb("crashed"), "died holding");
+ * ```
+ */
+export type PgChangeKind =
+  | "present"
+  | "started"
+  | "released"
+  | "crashed"
+  | "taken over"
+  | "lost";
+
+/**
+ * One change {@linkcode PgLocks.watch} reports.
+ *
+ * @example Printing a change
+ * ```ts
+ * import type { PgChange } from "@runlock/runlock/postgres";
+ *
+ * function line(c: PgChange): string {
+ *   return `${c.kind} ${c.path} pid ${c.inspection.pid} on ${c.inspection.host}`;
+ * }
+ * ```
+ */
+export interface PgChange {
+  /** The lock name. */
+  path: string;
+  /** What happened; `present` only in the first batch. */
+  kind: PgChangeKind;
+  /**
+   * What a probe read after the change: for `released`, state `free`;
+   * for `crashed`, `stale` with the last holder's pid, host and meta.
+   */
+  inspection: PgInspection;
+}
