@@ -478,6 +478,8 @@ const ASYNC_SLEEPS: Sleeps = {
   max: p.runtime === "deno" ? 1000 : 250,
   growth: 4,
 };
+/** Deno: a waiter whose file was replaced watches the directory instead. */
+const DIR_WATCH = p.runtime === "deno";
 /** The longest sleep of a waiter whose close watch is open. */
 const CLOSE_WATCHED_MAX = 1000;
 /**
@@ -699,6 +701,8 @@ export async function acquire(
   // may have the same inode number (ext4 reuses them at once), which a
   // watch of the old one would never report. Watch anew at the next sleep.
   let stale = false;
+  // Deno: watching the directory instead of the file (see `watch`).
+  let byDir = false;
   const onEvent = () => {
     stale = true;
     wake?.();
@@ -706,6 +710,29 @@ export async function acquire(
   const watch = (): string | undefined => {
     const key = fileKey(target.pinned, target.name);
     if (key === "") return "";
+    if (
+      byDir ||
+      (DIR_WATCH && listener !== undefined && (stale || listener.key !== key))
+    ) {
+      // Deno: once the file at the name was replaced (or an event came: it
+      // may be, with the old inode number), a new watch of the path reports
+      // nothing (Deno.watchFs of a path whose file was
+      // replaced while this process watched it: 0 events in 20 trials), so
+      // the waiter watches the directory, by name, for the rest of its
+      // wait: it sees each holder's file at the name (its creation, its
+      // writer's close, its removal) with no watch made anew. Not from the
+      // start: the directory's events include every other waiter's
+      // attempts (their temp files), a wake-up of every waiting process
+      // each (50 Deno waiters: 2.6 CPU-s instead of 1.0).
+      if (!byDir) {
+        byDir = true;
+        listener?.stop();
+        listener = listen(target.pinned, target.name, onEvent, true);
+      }
+      stale = false;
+      if (listener?.watching() !== true) return undefined;
+      return fileKey(target.pinned, target.name) === key ? key : "";
+    }
     if (stale) {
       stale = false;
       closeKey = "";

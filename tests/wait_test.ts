@@ -2,7 +2,13 @@
 // attempt and never blocks a thread in flock, so the event loop runs on.
 import assert from "node:assert/strict";
 import { spawnSync } from "node:child_process";
-import { readdirSync, readFileSync, writeFileSync } from "node:fs";
+import {
+  readdirSync,
+  readFileSync,
+  readlinkSync,
+  statSync,
+  writeFileSync,
+} from "node:fs";
 import { join } from "node:path";
 import process from "node:process";
 import { describe, test } from "node:test";
@@ -14,7 +20,31 @@ import {
   holder,
   runtime,
   tempDir,
+  waitFor,
 } from "./_helpers.ts";
+
+/** The inode numbers (hex) that the inotify watches of process `pid` are on. */
+function watchedInos(pid: number): Set<string> {
+  const inos = new Set<string>();
+  let fds: string[] = [];
+  try {
+    fds = readdirSync(`/proc/${pid}/fd`);
+  } catch {
+    return inos; // Gone.
+  }
+  for (const fd of fds) {
+    try {
+      if (!readlinkSync(`/proc/${pid}/fd/${fd}`).endsWith("inotify")) continue;
+      const info = readFileSync(`/proc/${pid}/fdinfo/${fd}`, "utf8");
+      for (const m of info.matchAll(/^inotify wd:\S+ ino:([0-9a-f]+)/gm)) {
+        inos.add(m[1]);
+      }
+    } catch {
+      // Closed meanwhile.
+    }
+  }
+  return inos;
+}
 
 const hasStrace = process.platform === "linux" &&
   spawnSync("sh", ["-c", "command -v strace"]).status === 0;
@@ -166,6 +196,47 @@ describe("waiting", () => {
         );
       } finally {
         await first.kill();
+        cleanup();
+      }
+    },
+  );
+
+  test(
+    "Deno: once the holder's file is replaced by a new holder's, the waiter watches the lock's directory (a new Deno.watchFs of a path whose file was replaced while watched reports nothing: bursts of holders stalled waiters up to their 1 s looks), and takes the lock when the new holder lets go",
+    {
+      skip: runtime === "deno" && process.platform === "linux"
+        ? false
+        : "Deno on Linux (Node and Bun: close_wake_test.ts)",
+    },
+    async () => {
+      const { dir, cleanup } = tempDir();
+      const path = join(dir, "run.lock");
+      const hex = (n: unknown) => Number(n).toString(16);
+      const holder = new Child("flip_holder.ts", [path]);
+      let waiter: Child | undefined;
+      try {
+        const first = await holder.expect("held");
+        waiter = new Child("close_waiter.ts", [path, "120000", "1"]);
+        const pid = Number((await waiter.expect("waiting")).pid);
+        await waitFor(
+          () => watchedInos(pid).has(hex(first.ino)),
+          "the waiter watches the first holder's file",
+        );
+        // Stopped, the waiter cannot take the lock between the release and
+        // the retake; its watch's events wait for it.
+        waiter.signal("SIGSTOP");
+        holder.send("flip");
+        await holder.expect("reheld");
+        waiter.signal("SIGCONT");
+        await waitFor(
+          () => watchedInos(pid).has(hex(statSync(dir).ino)),
+          "the waiter watches the directory",
+        );
+        holder.send("release");
+        await waiter.expect("acquired");
+      } finally {
+        await holder.kill();
+        await waiter?.kill();
         cleanup();
       }
     },
