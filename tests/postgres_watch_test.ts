@@ -198,6 +198,26 @@ describe("PgLocks.scan and PgLocks.watch", { skip: !hasServer }, () => {
     assert.ok([pct, under, plain].every((p) => every.includes(p)));
   });
 
+  test("scan() and watch() on a schema with no table yet: [] without an error (nothing created), then the first lock once an acquire creates it", async () => {
+    const schema = `watch_new_${process.pid}_${counter++}`;
+    await using locks = pgLocks(url, { schema });
+    assert.deepEqual(await locks.scan(), []);
+    const w = new Reader(locks.watch({ interval: 20 }));
+    try {
+      assert.deepEqual(await w.batch(), []);
+      assert.equal(
+        psql(url, "SELECT to_regnamespace(:'schema') IS NULL", { schema }),
+        "t",
+      );
+      await using _lock = await locks.acquire("first");
+      const started = await w.until("first", "started");
+      assert.equal(started.inspection.pid, process.pid);
+      assert.deepEqual((await locks.scan()).map((i) => i.path), ["first"]);
+    } finally {
+      await w.close();
+    }
+  });
+
   test("scan() and watch() refuse a bad prefix, interval or signal with a TypeError before any query", async () => {
     // Nothing listens there: any query would fail with a RunlockError.
     await using locks = pgLocks(
