@@ -679,11 +679,15 @@ export class Session implements AsyncIterableIterator<Change[]> {
       const now = performance.now();
       rep.vacated ??= now;
       const name = path.slice(path.lastIndexOf("/") + 1);
-      if (
-        !d.dropped && now - rep.vacated < TAKEOVER_MS &&
-        acquiring(d.path, tempStem(name))
-      ) {
-        return sleep(5).then(() => this.#again(path, d));
+      if (!d.dropped && now - rep.vacated < TAKEOVER_MS) {
+        // The acquire first, the name second: a taker that linked its
+        // file since the look has removed its temp file by now.
+        const under = acquiring(d.path, tempStem(name));
+        const again = look(path);
+        if (again.kind !== "none") {
+          return this.#decide(path, d, rep, false, again, false);
+        }
+        if (under) return sleep(5).then(() => this.#again(path, d));
       }
       this.#untrack(rep);
       this.#push(path, "released", noneInspection(path, seen));
