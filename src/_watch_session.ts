@@ -159,6 +159,8 @@ export class Session implements AsyncIterableIterator<Change[]> {
   }
 
   return(): Promise<IteratorResult<Change[]>> {
+    // Left by its consumer: nothing more, not even what was found already.
+    this.#queue.length = 0;
     this.#shutdown();
     return Promise.resolve({ value: undefined, done: true });
   }
@@ -384,8 +386,10 @@ export class Session implements AsyncIterableIterator<Change[]> {
         continue;
       }
       for (const e of entries) {
-        if (e.kind === "directory") dirs.push(this.#child(c, e.name));
-        else if (e.kind === "file" && !TEMP_NAME.test(e.name)) {
+        if (e.kind === "directory") {
+          const grand = this.#child(c, e.name);
+          if (grand !== undefined) dirs.push(grand);
+        } else if (e.kind === "file" && !TEMP_NAME.test(e.name)) {
           this.#settle(within(c.path, e.name), c, false);
         }
       }
