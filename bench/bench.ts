@@ -344,7 +344,7 @@ async function micro(): Promise<void> {
       bareAcquire: [`${who}: bare Deno.* calls, with realpath`, "bare"],
       bareProbe: [`${who}: bare Deno.* open, flock, read, close`, "bare"],
       bareSafeProbe: [
-        `${who}: bare Deno.* lstat, open, fstat, flock, read, close`,
+        `${who}: bare Deno.* lstat, open, fstat, flock, read, kill, close`,
         "bare",
       ],
       acquireSync: [`${who}: runlock acquireSync+releaseSync`, "runlock"],

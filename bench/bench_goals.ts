@@ -172,7 +172,7 @@ export function checkGoals(input: GoalInput): Goal[] {
     );
   }
   ratio(
-    "held() on a held lock, Deno ≤ 1.15× its safe bare sequence (lstat, open, fstat, flock, read, close)",
+    "held() on a held lock, Deno ≤ 1.15× its safe bare sequence (lstat, open, fstat, flock, read, kill(pid, 0), close)",
     "held",
     "deno:heldHeld",
     1.15,

@@ -265,8 +265,11 @@ function bareProbe(held: string): Case {
 /**
  * The safe probe bare through Deno.*: lstat (refuse a symlink or a FIFO,
  * since Deno.open has neither O_NOFOLLOW nor O_NONBLOCK), open, fstat (the
- * same inode as the lstat?), flock, read, close. Issue 17's baseline for
- * Deno's held().
+ * same inode as the lstat?), flock, read, kill(pid, 0), close. Issue 17's
+ * baseline for Deno's held(). The kill is the protocol's (PROTOCOL.md,
+ * Probes): a dead PID under a held flock is a takeover in progress, which
+ * held() must not report as a live holder, so held() asks it of every held
+ * runlock record.
  */
 function bareSafeProbe(held: string): Case {
   const buf = new Uint8Array(4097);
@@ -279,6 +282,11 @@ function bareSafeProbe(held: string): Case {
       if (file.statSync().ino !== before.ino) throw new Error("replaced");
       file.tryLockSync(false);
       file.readSync(buf);
+      let pid = 0;
+      for (let j = 0; buf[j] >= 48 && buf[j] <= 57; j++) {
+        pid = pid * 10 + buf[j] - 48;
+      }
+      Deno.kill(pid, 0 as unknown as Deno.Signal);
       file.close();
     }
     return performance.now() - start;
