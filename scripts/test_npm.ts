@@ -374,6 +374,7 @@ const PG_ONE_NODE_TESTS = new Set([
   "postgres_wait_test.js",
   "postgres_identity_test.js",
   "postgres_chaos_test.js",
+  "postgres_watch_test.js",
 ]);
 // The tests that run after the suites, not beside them (see the header).
 // inject_test skips itself in the CommonJS copy (once per runtime).
@@ -455,7 +456,7 @@ const COST: Record<string, number> = {
   "cli_tty_test.js": 12,
   "cli_watch_test.js": 8,
   "watch_test.js": 8,
-  "postgres_watch_test.js": 10,
+  "postgres_watch_test.js": 12,
   "property_test.js": 7,
   "scan_test.js": 5,
   "stress_test.js": 5,

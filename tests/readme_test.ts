@@ -568,6 +568,26 @@ describe("docs/postgres.md and its permissions, run as written (Deno)", {
     }
   });
 
+  test("docs/postgres.md: scan lists the held name, watch reports it present, then released once the example lets go, then the loop ends", () => {
+    const { dir, cleanup } = project();
+    try {
+      writeFileSync(
+        join(dir, "pg.ts"),
+        placeholders(docBlock("postgres.md", "pg-watch").text, t),
+      );
+      const [line] = commandLines(docBlock("permissions.md", "perm-pg"));
+      const r = sh(placeholders(line, t), dir);
+      assert.equal(r.code, 0, r.stderr);
+      assert.equal(r.stderr, "");
+      assert.match(
+        r.stdout,
+        /^held sync\/main \d+ sync\npresent sync\/main \d+\nreleased sync\/main 0\n$/,
+      );
+    } finally {
+      cleanup();
+    }
+  });
+
   test("on the oldest Deno the README claims (2.7.1, the first 2.7 on npm), from a clone: the quick start refuses a second run with the first one's pid, and the PostgreSQL example runs", async () => {
     const readme = readFileSync(join(root, "README.md"), "utf8");
     assert.match(readme, /\*\*Deno 2\.7 or newer\.\*\*/);
