@@ -719,11 +719,13 @@ export async function acquire(
       // nothing (Deno.watchFs of a path whose file was
       // replaced while this process watched it: 0 events in 20 trials), so
       // the waiter watches the directory, by name, for the rest of its
-      // wait: it sees each holder's file at the name (its creation, its
-      // writer's close, its removal) with no watch made anew. Not from the
-      // start: the directory's events include every other waiter's
-      // attempts (their temp files), a wake-up of every waiting process
-      // each (50 Deno waiters: 2.6 CPU-s instead of 1.0).
+      // wait: it sees each holder's file come and go at the name with no
+      // watch made anew. A holder's death is not among its events (the
+      // close is reported under the name the holder opened its file by,
+      // its temp file's): the looks, at most 1 s apart on Deno, find it.
+      // Not from the start: the directory's events include every other
+      // waiter's attempts (their temp files), a wake-up of every waiting
+      // process each (50 Deno waiters: 2.6 CPU-s instead of 1.0).
       if (!byDir) {
         byDir = true;
         listener?.stop();
