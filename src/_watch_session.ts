@@ -1,50 +1,21 @@
 /**
- * One {@linkcode watch} iteration: the directory watches, the runs last
- * reported, the decision of each change, and the async iterator protocol.
- * See `src/watch.ts` for the contract and PROTOCOL.md for why each kind
- * is decided the way it is.
+ * One {@linkcode watch} iteration: the async iterator protocol, the
+ * directory watches and their events, and the re-scan. The runs and the
+ * decision of each change are `src/_watch_paths.ts`'s; `src/watch.ts` has
+ * the contract.
  *
  * @module
  */
 
-import { errnoOf, tempStem, within } from "./_protocol.ts";
+import { errnoOf, within } from "./_protocol.ts";
 import { RACING_SLEEPS } from "./_probe.ts";
 import { LockPermissionError, RunlockError } from "./errors.ts";
 import { platform as p } from "./platform/current.ts";
-import type { Handle } from "./platform/types.ts";
-import type { Probe } from "./_protocol.ts";
 import type { Inspection } from "./probes.ts";
-import {
-  acquiring,
-  flockFree,
-  freeInspection,
-  hold,
-  inspection,
-  keyOf,
-  look,
-  lstatOf,
-  type Seen,
-  staleInspection,
-  TEMP_NAME,
-} from "./_watch_run.ts";
+import { flockFree, keyOf, look, lstatOf, TEMP_NAME } from "./_watch_run.ts";
+import { type DirWatch, type Host, Paths, sleep } from "./_watch_paths.ts";
 import type { Change, ChangeKind } from "./watch.ts";
 
-/**
- * How long a held run's name may be gone while its holder still holds the
- * inode's flock before the run counts as `lost` (ms). A clean release
- * unlinks and closes in one go (microseconds apart); a holder whose file
- * someone else deleted holds on until it notices and lets go.
- */
-export const LOST_MS = 1000;
-/** How long a stale file's removal waits for the acquire taking it over (ms). */
-const TAKEOVER_MS = 1000;
-/** Sleeps (ms) between looks at a held run's flock after its name went. */
-const END_SLEEPS = [0, 1, 2, 4, 8, 16, 32, 64, 128, 250];
-/**
- * Looks again (ms) after a holder's close while its flock still shows held:
- * the kernel reports the close a moment before it drops the flock.
- */
-const CLOSE_SLEEPS = [0, 1, 2, 4, 8, 16, 32];
 /** After events, a re-scan (ms) to catch what the watch may have dropped. */
 const RECHECK_FIRST_MS = 250;
 const RECHECK_MS = 1000;
@@ -56,57 +27,6 @@ const POLL_MS = 1000;
  */
 const DENO_QUIET_POLL_MS = 5000;
 const QUIET_MS = 10_000;
-
-/** A run at a path, as last reported. */
-interface Run {
-  readonly path: string;
-  readonly dir: DirWatch;
-  state: "held" | "stale";
-  ino: string;
-  run: string;
-  /** Read-only, on the held run's inode. */
-  fd: Handle | undefined;
-  unclose: (() => void) | undefined;
-  /** Ends a wait for this run's end early (its holder's close). */
-  wake: (() => void) | undefined;
-  /** When a stale run's name was first seen gone (a takeover may follow). */
-  vacated: number | undefined;
-  /**
-   * Seen dead: its flock found free, and then its name found still naming
-   * its inode (a clean release unlinks before it lets go). Looked at on
-   * its holder's close, so that a waiter that takes the file over before
-   * the watch looks again does not hide the crash.
-   */
-  died: boolean;
-  /** Its last probe. */
-  found: Probe;
-}
-
-/** One watched directory. */
-interface DirWatch {
-  readonly path: string;
-  readonly key: string;
-  /** The path that names it for the identity check (the top: its real path). */
-  readonly real: string;
-  close: (() => void) | undefined;
-  readonly children: Map<string, DirWatch>;
-  /** The paths of the runs reported in it. */
-  readonly runs: Set<string>;
-  /** Names looked at that are not locks (not looked at again until an event). */
-  readonly others: Set<string>;
-  dropped: boolean;
-}
-
-/** What a path's settling loop is asked to do next. */
-interface Busy {
-  again: boolean;
-  closed: boolean;
-  /** The directory to look in next (a path's directory may be new). */
-  dir: DirWatch;
-}
-
-const sleep = (ms: number) =>
-  new Promise<void>((resolve) => p.unrefLater(resolve, ms));
 
 /** One iteration of a watch. */
 export class Session implements AsyncIterableIterator<Change[]> {
@@ -120,11 +40,9 @@ export class Session implements AsyncIterableIterator<Change[]> {
   #keep: ReturnType<typeof setInterval> | undefined;
   #top: DirWatch | undefined;
   readonly #dirs = new Set<DirWatch>();
-  readonly #runs = new Map<string, Run>();
   /** Paths named by events, with their directory and whether to expect a close. */
   readonly #dirty = new Map<string, { d: DirWatch; closed: boolean }>();
   readonly #dirtyDirs = new Set<DirWatch>();
-  readonly #busy = new Map<string, Busy>();
   #flushing: (() => void) | undefined;
   #delivering: (() => void) | undefined;
   #recheck: (() => void) | undefined;
@@ -136,6 +54,7 @@ export class Session implements AsyncIterableIterator<Change[]> {
   #lastEvent = 0;
   #last: Promise<unknown> = Promise.resolve();
   readonly #onAbort = () => this.#shutdown();
+  readonly #paths: Paths;
 
   constructor(
     dir: string,
@@ -145,6 +64,21 @@ export class Session implements AsyncIterableIterator<Change[]> {
     this.#dir = dir;
     this.#recursive = recursive;
     this.#signal = signal;
+    const phase = () => this.#phase;
+    const host: Host = {
+      get done() {
+        return phase() === "done";
+      },
+      push: (path, kind, info) => this.#push(path, kind, info),
+      deliver: () => this.#deliver(),
+      poll: () => {
+        if (this.#poll) return;
+        this.#poll = true;
+        if (this.#phase === "open") this.#scheduleRecheck(POLL_MS);
+      },
+      idle: () => this.#maybeEnd(),
+    };
+    this.#paths = new Paths(host);
   }
 
   [Symbol.asyncIterator](): this {
@@ -248,7 +182,7 @@ export class Session implements AsyncIterableIterator<Change[]> {
       d.close = undefined;
     }
     this.#dirs.clear();
-    for (const run of this.#runs.values()) this.#untrack(run);
+    for (const run of this.#paths.runs.values()) this.#paths.untrack(run);
     this.#flushing?.();
     this.#delivering?.();
     this.#recheck?.();
@@ -334,8 +268,9 @@ export class Session implements AsyncIterableIterator<Change[]> {
         if (kind !== "file" || TEMP_NAME.test(name)) continue;
         const seen = look(path);
         if (seen.kind === "racing") racing.push([path, d]);
-        else if (seen.kind === "run") present.push(this.#adopt(path, d, seen));
-        else if (seen.other) d.others.add(name);
+        else if (seen.kind === "run") {
+          present.push(this.#paths.adopt(path, d, seen));
+        } else if (seen.other) d.others.add(name);
       }
     }
     // Files seen in the middle of a takeover: look again, as scan() does.
@@ -347,7 +282,7 @@ export class Session implements AsyncIterableIterator<Change[]> {
         seen = look(path);
       }
       if (this.#phase !== "starting") return;
-      if (seen.kind !== "none") present.push(this.#adopt(path, d, seen));
+      if (seen.kind !== "none") present.push(this.#paths.adopt(path, d, seen));
     }
     if (this.#phase !== "starting") return;
     present.sort((a, b) => a.path < b.path ? -1 : a.path > b.path ? 1 : 0);
@@ -390,7 +325,7 @@ export class Session implements AsyncIterableIterator<Change[]> {
           const grand = this.#child(c, e.name);
           if (grand !== undefined) dirs.push(grand);
         } else if (e.kind === "file" && !TEMP_NAME.test(e.name)) {
-          this.#settle(within(c.path, e.name), c, false);
+          this.#paths.settle(within(c.path, e.name), c, false);
         }
       }
     }
@@ -409,7 +344,7 @@ export class Session implements AsyncIterableIterator<Change[]> {
     this.#dirs.delete(d);
     for (const child of d.children.values()) this.#drop(child);
     d.children.clear();
-    for (const path of [...d.runs]) this.#settle(path, d, false);
+    for (const path of [...d.runs]) this.#paths.settle(path, d, false);
     if (d === this.#top && this.#phase === "open") {
       this.#phase = "ending";
       this.#maybeEnd();
@@ -458,17 +393,11 @@ export class Session implements AsyncIterableIterator<Change[]> {
     if (p.runtime !== "deno") return;
     const stem = name.slice(1, name.length - 21);
     const path = within(d.path, stem);
-    const run = this.#runs.get(path);
+    const run = this.#paths.runs.get(path);
     if (run?.state !== "held") return;
     if (lstatOf(within(d.path, name)) !== null) return;
-    this.#diedNow(run);
+    this.#paths.diedNow(run);
     this.#dirty.set(path, { d, closed: true });
-  }
-
-  /** Whether `run`'s holder is dead now, its record still at its path. */
-  #diedNow(run: Run): void {
-    if (run.died || run.fd === undefined || !flockFree(run.fd)) return;
-    run.died = keyOf(lstatOf(run.path)) === run.ino;
   }
 
   #flush(): void {
@@ -492,23 +421,14 @@ export class Session implements AsyncIterableIterator<Change[]> {
             d.children.delete(name);
             this.#addChild(d, name);
           }
-          if (!this.#runs.has(path)) continue;
+          if (!this.#paths.runs.has(path)) continue;
         } else if (child !== undefined) {
           d.children.delete(name);
           this.#drop(child);
         }
       }
-      this.#settle(path, d, closed);
+      this.#paths.settle(path, d, closed);
     }
-    this.#deliver();
-  }
-
-  /** A held run's holder closed a writable descriptor of its inode. */
-  #onClose(run: Run): void {
-    if (this.#runs.get(run.path) !== run || this.#phase === "done") return;
-    this.#diedNow(run);
-    run.wake?.();
-    this.#settle(run.path, run.dir, true);
     this.#deliver();
   }
 
@@ -558,19 +478,19 @@ export class Session implements AsyncIterableIterator<Change[]> {
           continue;
         }
         if (kind !== "file" || TEMP_NAME.test(name)) continue;
-        const run = this.#runs.get(path);
+        const run = this.#paths.runs.get(path);
         if (run === undefined) {
-          if (!d.others.has(name)) this.#settle(path, d, false);
+          if (!d.others.has(name)) this.#paths.settle(path, d, false);
         } else if (run.fd !== undefined && flockFree(run.fd)) {
-          this.#settle(path, d, true);
+          this.#paths.settle(path, d, true);
         } else if (run.fd === undefined && run.state === "held") {
-          this.#settle(path, d, false);
+          this.#paths.settle(path, d, false);
         }
       }
       for (const name of d.others) if (!names.has(name)) d.others.delete(name);
       for (const path of [...d.runs]) {
         if (!names.has(path.slice(path.lastIndexOf("/") + 1))) {
-          this.#settle(path, d, false);
+          this.#paths.settle(path, d, false);
         }
       }
       for (const [name, child] of d.children) {
@@ -583,318 +503,10 @@ export class Session implements AsyncIterableIterator<Change[]> {
     this.#deliver();
   }
 
-  // --- one path ----------------------------------------------------------
-
-  /**
-   * Looks at `path` and reports what changed since the last report, one
-   * look at a time per path (a path's changes stay in order). `closed`: a
-   * holder's close is why.
-   */
-  #settle(path: string, d: DirWatch, closed: boolean): void {
-    const busy = this.#busy.get(path);
-    if (busy !== undefined) {
-      busy.again = true;
-      busy.closed ||= closed;
-      if (!d.dropped) busy.dir = d;
-      return;
-    }
-    const state: Busy = { again: false, closed, dir: d };
-    this.#busy.set(path, state);
-    this.#loop(path, state).catch(() => {});
-  }
-
-  async #loop(path: string, state: Busy): Promise<void> {
-    try {
-      do {
-        const closed = state.closed;
-        state.again = state.closed = false;
-        const waiting = this.#once(path, state.dir, closed);
-        if (waiting !== undefined) await waiting;
-      } while (state.again && this.#phase !== "done");
-    } finally {
-      this.#busy.delete(path);
-      this.#maybeEnd();
-    }
-  }
-
   #maybeEnd(): void {
-    if (this.#phase !== "ending" || this.#busy.size > 0) return;
+    if (this.#phase !== "ending" || this.#paths.busy > 0) return;
     this.#shutdown();
   }
-
-  #once(path: string, d: DirWatch, closed: boolean): Promise<void> | void {
-    const rep = this.#runs.get(path);
-    // The flock first, the name second: a flock found free while the name
-    // still names its inode is a holder that ended without unlinking.
-    const freeBefore = rep?.fd !== undefined && flockFree(rep.fd);
-    const seen = d.dropped
-      ? { kind: "none", other: false } as Seen
-      : look(path);
-    return this.#decide(path, d, rep, freeBefore, seen, closed);
-  }
-
-  #decide(
-    path: string,
-    d: DirWatch,
-    rep: Run | undefined,
-    freeBefore: boolean,
-    seen: Seen,
-    closed: boolean,
-  ): Promise<void> | void {
-    if (this.#phase === "done") return;
-    const same = rep !== undefined && seen.kind !== "none" &&
-      seen.ino === rep.ino && seen.run === rep.run;
-    if (rep?.state === "held") {
-      if (!same) return this.#ended(path, d, rep, freeBefore);
-      if (seen.kind === "racing") {
-        // Its PID is dead and someone holds its flock: a taker.
-        this.#toStale(rep);
-        this.#push(path, "crashed", staleInspection(path, seen.found));
-        return this.#racing(path, d);
-      }
-      if (seen.found.state === "stale") {
-        rep.found = seen.found;
-        this.#toStale(rep);
-        this.#push(path, "crashed", inspection(path, seen.found));
-        return;
-      }
-      if (closed) return this.#afterClose(path, d, rep);
-      return;
-    }
-    if (rep?.state === "stale") {
-      if (seen.kind === "racing") return this.#racing(path, d);
-      if (seen.kind === "run") {
-        rep.vacated = undefined;
-        if (same && seen.found.state === "stale") return;
-        if (seen.found.state === "held") {
-          this.#untrack(rep);
-          this.#push(path, "taken over", inspection(path, seen.found));
-          this.#track(path, d, seen);
-          return;
-        }
-        // Another dead run's record in its place.
-        rep.ino = seen.ino;
-        rep.run = seen.run;
-        this.#push(path, "crashed", inspection(path, seen.found));
-        return;
-      }
-      // Gone. A takeover unlinks the stale file, then links its own: wait
-      // for it while an acquire of this name is under way.
-      const now = performance.now();
-      rep.vacated ??= now;
-      const name = path.slice(path.lastIndexOf("/") + 1);
-      if (!d.dropped && now - rep.vacated < TAKEOVER_MS) {
-        // The acquire first, the name second: a taker that linked its
-        // file since the look has removed its temp file by now.
-        const under = acquiring(d.path, tempStem(name));
-        const again = look(path);
-        if (again.kind !== "none") {
-          return this.#decide(path, d, rep, false, again, false);
-        }
-        if (under) return sleep(5).then(() => this.#again(path, d));
-      }
-      this.#untrack(rep);
-      this.#push(path, "released", noneInspection(path, seen));
-      return;
-    }
-    if (seen.kind === "racing") return this.#racing(path, d);
-    if (seen.kind === "run") {
-      const held = seen.found.state === "held";
-      this.#push(
-        path,
-        held ? "started" : "crashed",
-        inspection(path, seen.found),
-      );
-      this.#track(path, d, seen);
-      return;
-    }
-    if (seen.other) d.others.add(path.slice(path.lastIndexOf("/") + 1));
-  }
-
-  /** Looks at `path` again, now, and decides. */
-  #again(path: string, d: DirWatch, closed = false): Promise<void> | void {
-    return this.#once(path, d, closed);
-  }
-
-  /** A takeover is under way at `path`: look again until it is done. */
-  async #racing(path: string, d: DirWatch): Promise<void> {
-    let seen: Seen = { kind: "none", other: false };
-    for (const ms of RACING_SLEEPS) {
-      await sleep(ms);
-      if (this.#phase === "done" || d.dropped) return;
-      seen = look(path);
-      if (seen.kind !== "racing") break;
-    }
-    // Still a dead PID under a held flock (flock(1) on a crashed run's
-    // file?): as held, as inspect() answers after its looks.
-    if (seen.kind === "racing") seen = { ...seen, kind: "run" };
-    return this.#decide(path, d, this.#runs.get(path), false, seen, false);
-  }
-
-  /** After a close, the flock may still show held a moment: look again. */
-  async #afterClose(path: string, d: DirWatch, rep: Run): Promise<void> {
-    for (const ms of CLOSE_SLEEPS) {
-      await sleep(ms);
-      if (this.#runs.get(path) !== rep || this.#phase === "done") return;
-      this.#diedNow(rep);
-      const freeBefore = rep.fd !== undefined && flockFree(rep.fd);
-      const seen = look(path);
-      const same = seen.kind !== "none" && seen.ino === rep.ino &&
-        seen.run === rep.run;
-      if (!same || seen.kind === "racing" || seen.found.state !== "held") {
-        return this.#decide(path, d, rep, freeBefore, seen, false);
-      }
-    }
-    // Held still: a close of another writer's descriptor, not the holder's.
-  }
-
-  /**
-   * A held run's name no longer names its record: released, or lost. A
-   * clean release unlinks, then closes; a deletion by someone else leaves
-   * the holder holding the unlinked inode. So: wait (at most
-   * {@linkcode LOST_MS}) for the flock of the inode to go.
-   */
-  #ended(
-    path: string,
-    d: DirWatch,
-    rep: Run,
-    freeBefore: boolean,
-  ): Promise<void> | void {
-    const finish = (kind: ChangeKind) => {
-      if (this.#runs.get(path) !== rep || this.#phase === "done") return;
-      this.#untrack(rep);
-      const seen = d.dropped
-        ? { kind: "none", other: false } as Seen
-        : look(path);
-      this.#push(path, kind, noneInspection(path, seen));
-      if (seen.kind !== "none") {
-        return this.#decide(path, d, undefined, false, seen, false);
-      }
-      if (seen.other) d.others.add(path.slice(path.lastIndexOf("/") + 1));
-    };
-    const fd = rep.fd;
-    if (fd === undefined || freeBefore || flockFree(fd)) {
-      // Its flock and its name both gone: which went first is not known
-      // from what is there now, unless it was seen dead at its close (a
-      // waiter took the file over since). Otherwise released: never a
-      // crash that was not seen (the order of the two events cannot be
-      // had: on Node and Bun they come through two watches, which Bun
-      // delivered out of the kernel's order 7 times in 30; Deno's watch
-      // drops events in bursts).
-      if (rep.died && !d.dropped) {
-        this.#toStale(rep);
-        this.#push(path, "crashed", staleInspection(path, rep.found));
-        return this.#once(path, d, false);
-      }
-      return finish("released");
-    }
-    return (async () => {
-      const deadline = performance.now() + LOST_MS;
-      for (let i = 0;; i++) {
-        const left = deadline - performance.now();
-        if (left <= 0) return finish("lost");
-        const ms = Math.min(
-          END_SLEEPS[Math.min(i, END_SLEEPS.length - 1)],
-          left,
-        );
-        await new Promise<void>((resolve) => {
-          const cancel = p.unrefLater(() => {
-            rep.wake = undefined;
-            resolve();
-          }, ms);
-          rep.wake = () => {
-            cancel();
-            rep.wake = undefined;
-            resolve();
-          };
-        });
-        if (this.#runs.get(path) !== rep || this.#phase === "done") return;
-        if (flockFree(fd)) return finish("released");
-      }
-    })();
-  }
-
-  /** Reports `seen` from now on: a held run gets its descriptor and watch. */
-  #track(
-    path: string,
-    d: DirWatch,
-    seen: Seen & { kind: "run" | "racing" },
-  ): void {
-    const held = seen.found.state === "held";
-    const run: Run = {
-      path,
-      dir: d,
-      state: held ? "held" : "stale",
-      ino: seen.ino,
-      run: seen.run,
-      fd: undefined,
-      unclose: undefined,
-      wake: undefined,
-      vacated: undefined,
-      died: false,
-      found: seen.found,
-    };
-    this.#runs.set(path, run);
-    d.runs.add(path);
-    if (held) this.#watchRun(run);
-  }
-
-  /** The first batch's runs: tracked, reported as present. */
-  #adopt(
-    path: string,
-    d: DirWatch,
-    seen: Seen & { kind: "run" | "racing" },
-  ): Change {
-    this.#track(path, d, seen);
-    return { path, kind: "present", inspection: inspection(path, seen.found) };
-  }
-
-  /** A held run's read-only descriptor and close watch. */
-  #watchRun(run: Run): void {
-    run.fd = hold(run.path, run.ino);
-    if (run.fd === undefined) {
-      // Replaced since the look, or out of descriptors: look again now,
-      // and in every re-scan while it has none.
-      const busy = this.#busy.get(run.path);
-      if (busy !== undefined) busy.again = true;
-      else p.unrefLater(() => this.#settle(run.path, run.dir, false), 0);
-      if (!this.#poll) {
-        this.#poll = true;
-        if (this.#phase === "open") this.#scheduleRecheck(POLL_MS);
-      }
-      return;
-    }
-    run.unclose = p.watchClose(run.path, () => this.#onClose(run));
-    // Deno's directory watch reports the close itself; elsewhere, without
-    // a close watch, only the re-scan finds a crash.
-    if (run.unclose === undefined && p.runtime !== "deno" && !this.#poll) {
-      this.#poll = true;
-      if (this.#phase === "open") this.#scheduleRecheck(POLL_MS);
-    }
-  }
-
-  /** A held run whose holder is gone: its record stays, stale. */
-  #toStale(run: Run): void {
-    run.state = "stale";
-    run.wake = undefined;
-    run.unclose?.();
-    run.unclose = undefined;
-    run.fd?.close();
-    run.fd = undefined;
-  }
-
-  #untrack(run: Run): void {
-    this.#toStale(run);
-    if (this.#runs.get(run.path) === run) this.#runs.delete(run.path);
-    run.dir.runs.delete(run.path);
-  }
-}
-
-/** A path's state once a run there ended: its probe, or free. */
-function noneInspection(path: string, seen: Seen): Inspection {
-  return seen.kind === "none" && seen.found !== undefined
-    ? inspection(path, seen.found)
-    : freeInspection(path);
 }
 
 /** The error for a top directory that cannot be watched. */
