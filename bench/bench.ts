@@ -557,7 +557,7 @@ async function micro(): Promise<void> {
 async function handoff(): Promise<void> {
   const rows: Row[] = [];
   const samples = QUICK ? 5 : 15;
-  const killSamples = QUICK ? 3 : 8;
+  const killSamples = QUICK ? 3 : 12;
   const dir = join(benchDir, "handoff");
   mkdirSync(dir);
   const runtimes = Object.keys(workerCommands).filter((n) =>
@@ -621,6 +621,17 @@ async function handoff(): Promise<void> {
             kind,
             samples: ms.map(round3),
             max: round3(Math.max(...ms)),
+            // Each sample less the floor's sample taken next to it (floor k
+            // beside samples 2k and 2k+1): the holder's teardown varies
+            // from kill to kill (bimodal here, 6 or 20 ms), which a
+            // difference of two medians of a few samples does not cancel.
+            ...(floorMs?.length
+              ? {
+                aboveFloorMs: (ms as number[]).map((x: number, i: number) =>
+                  round3(x - floorMs[Math.min(i >> 1, floorMs.length - 1)])
+                ),
+              }
+              : {}),
           },
         });
       }
