@@ -354,7 +354,7 @@ export class Session implements AsyncIterableIterator<Change[]> {
   /** Whether `d` is still the directory at its path; drops it if not. */
   #check(d: DirWatch): boolean {
     if (d.dropped) return false;
-    if (keyOf(lstatOf(d.real)) === d.key) return true;
+    if (dirKeyOf(d.real) === d.key) return true;
     this.#drop(d);
     return false;
   }
@@ -510,6 +510,29 @@ export class Session implements AsyncIterableIterator<Change[]> {
 }
 
 /** The error for a top directory that cannot be watched. */
+/**
+ * The identity (`dev:ino`) of the directory at `real`, or `""` when none
+ * is there. Through its parent first (an lstat: a symlink put in its place
+ * is not it); where the parent may not be read (Deno with `--allow-read`
+ * for the directory only), by opening the directory itself.
+ */
+function dirKeyOf(real: string): string {
+  try {
+    return keyOf(p.lstat(real));
+  } catch {
+    try {
+      const pinned = p.openDir(real);
+      try {
+        return keyOf(pinned.lstat("."));
+      } finally {
+        pinned.close();
+      }
+    } catch {
+      return "";
+    }
+  }
+}
+
 function topError(err: unknown, dir: string): Error {
   if (err instanceof RunlockError) return err;
   const code = errnoOf(err);

@@ -361,6 +361,45 @@ describe("watch()", () => {
     }
   });
 
+  test(
+    "under Deno with --allow-read for the watched directory only, it keeps watching after a release (it does not take the directory for gone because its parent may not be read)",
+    {
+      skip: typeof Deno === "undefined",
+    },
+    async () => {
+      const { dir, cleanup } = tempDir();
+      const state = join(dir, "state");
+      mkdirSync(state);
+      const first = await holder(join(state, "a.lock"));
+      let second: Child | undefined;
+      const w = new Child("watcher.ts", ["follow", state], [
+        `--allow-read=${state}`,
+      ]);
+      try {
+        assert.equal((await w.expect("first")).n, 1);
+        first.send("release");
+        await first.expect("released");
+        const released = await w.next();
+        assert.deepEqual([released.event, released.kind], [
+          "change",
+          "released",
+        ]);
+        second = await holder(join(state, "b.lock"));
+        const started = await w.next();
+        assert.deepEqual(
+          [started.event, started.kind, started.path],
+          ["change", "started", join(state, "b.lock")],
+          "still watching",
+        );
+      } finally {
+        await w.kill();
+        await first.kill();
+        await second?.kill();
+        cleanup();
+      }
+    },
+  );
+
   test("bad input is a TypeError before anything touches the disk; a file or a missing directory is a RunlockError", async () => {
     const { dir, cleanup } = tempDir();
     try {
