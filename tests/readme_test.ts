@@ -322,6 +322,7 @@ describe("the README and docs, run as written (Deno)", {
           "api-signal",
           "api-meta",
           "api-scan",
+          "api-watch",
         ]
       ) {
         const block = docBlock("api.md", name);
