@@ -17,16 +17,17 @@
 //
 // Sections: micro (per call), hand-off, contention, scale (a directory of
 // 100,000 files, 5,000 locks held, 50 waiters, memory over 400,000 cycles:
-// bench/bench_scale.ts), start-up and CLI, system calls (strace, when
-// installed), PostgreSQL (when it has landed).
+// bench/bench_scale.ts), watch() (a SIGKILLed holder's crashed change, an
+// idle watch of 1,000 runs: bench/bench_watch.ts), start-up and CLI, system
+// calls (strace, when installed), PostgreSQL.
 // Output: a table on stdout, bench/results.json, bench/chart.svg (drawn by
-// bench/bench_chart.ts from the JSON). The goals of issue 17 (and those of
-// earlier issues that still hold) are checked here (bench/bench_goals.ts),
+// bench/bench_chart.ts from the JSON). The goals of issues 17 and 19 (and
+// those of earlier issues that still hold) are checked here (bench/bench_goals.ts),
 // as PASS/MISS lines with the measured ratio, never in tests.
 //
 // Knobs: RUNLOCK_BENCH_ROUNDS (15), RUNLOCK_BENCH_QUICK=1 (a short run for
 // development), RUNLOCK_BENCH_SECTIONS (comma list of micro, handoff,
-// contention, scale, startup, syscalls, postgres), RUNLOCK_BENCH_SCALE
+// contention, scale, watch, startup, syscalls, postgres), RUNLOCK_BENCH_SCALE
 // (comma list of newname, many, waiters, rss), RUNLOCK_BENCH_DIR (where the
 // locks live; default the OS temp dir), RUNLOCK_BENCH_OUT (default bench/),
 // RUNLOCK_BENCH_PACKAGE (a built npm package to use instead of building
@@ -63,13 +64,16 @@ import {
 import { checkGoals, fmt, type Goal } from "./bench_goals.ts";
 import { type ScaleSection, scaleSection, scaleTables } from "./bench_scale.ts";
 import { auditSyscalls, type SyscallAudit } from "./bench_syscalls.ts";
+import { type WatchResult, watchSection } from "./bench_watch.ts";
 
 const QUICK = process.env.RUNLOCK_BENCH_QUICK === "1";
 const ROUNDS = Number(process.env.RUNLOCK_BENCH_ROUNDS ?? (QUICK ? 4 : 15));
 const BATCH_MS = QUICK ? 10 : 25;
 const SECTIONS = new Set(
   (process.env.RUNLOCK_BENCH_SECTIONS ??
-    "micro,handoff,contention,scale,startup,syscalls,postgres").split(","),
+    "micro,handoff,contention,scale,watch,startup,syscalls,postgres").split(
+      ",",
+    ),
 );
 const WITH_BUN = !process.env.RUNLOCK_SKIP_BUN;
 const OUT = process.env.RUNLOCK_BENCH_OUT ?? join(root, "bench");
@@ -1011,6 +1015,7 @@ function startup(): void {
 let postgres: PostgresSection | undefined;
 let syscalls: SyscallAudit | undefined;
 let scale: ScaleSection | undefined;
+let watched: WatchResult[] | undefined;
 try {
   if (SECTIONS.has("micro")) await micro();
   if (SECTIONS.has("handoff")) await handoff();
@@ -1041,6 +1046,31 @@ try {
       note,
     });
   }
+  if (SECTIONS.has("watch")) {
+    watched = await watchSection(
+      Object.keys(workerCommands).filter((n) => n !== "deno-scoped").map(
+        (name) => ({
+          name,
+          command: name === "deno"
+            ? [
+              Deno.execPath(),
+              "run",
+              "--allow-all",
+              "--quiet",
+              join(snap, "bench", "bench_watch.ts"),
+            ]
+            : [name === "bun" ? bunPath : "node", transpiled("bench_watch")],
+          env: {
+            RUNLOCK_BENCH_ENTRY: join(pkgDir, "esm", "mod.js"),
+            RUNLOCK_BENCH_DIR: benchDir,
+            NO_COLOR: "1",
+          },
+        }),
+      ),
+      floor.binary,
+      log,
+    );
+  }
   if (SECTIONS.has("startup")) startup();
   if (SECTIONS.has("syscalls")) {
     log("system calls: strace");
@@ -1064,7 +1094,7 @@ try {
 // ---------------------------------------------------------------------------
 // Goals (issue 17, then earlier issues'), checked on this run's figures
 
-const goals: Goal[] = checkGoals({ groups, syscalls, scale });
+const goals: Goal[] = checkGoals({ groups, syscalls, scale, watched });
 goals.push(...(postgres?.goals ?? []).map((g) => ({ ...g, issue: 9 })));
 
 // ---------------------------------------------------------------------------
@@ -1118,6 +1148,7 @@ const results = {
   goals,
   syscalls,
   scale,
+  watch: watched,
   postgres,
   notes,
 };
@@ -1225,10 +1256,34 @@ if (postgres?.figures) {
   ));
 }
 if (scale) out.push(scaleTables(scale));
+if (watched) {
+  out.push(
+    "",
+    "## watch(): a SIGKILLed holder's `crashed` change, and an idle watch",
+  );
+  out.push(table(
+    [
+      "runtime",
+      "SIGKILL → crashed (median, best, max ms)",
+      "C waiter in flock (median, best ms)",
+      `idle watch of ${watched[0]?.idle.locks ?? 0} held runs (CPU ms/s added)`,
+    ],
+    watched.map((w) => [
+      w.runtime,
+      `${fmt(w.crashed.median)}  ${fmt(w.crashed.best)}  ${fmt(w.crashed.max)}`,
+      w.floor ? `${fmt(w.floor.median)}  ${fmt(w.floor.best)}` : "",
+      fmt(w.idle.addedMsPerS, 3),
+    ]),
+  ));
+}
 for (
   const [title, which] of [
     ["goals (issue 17)", (g: Goal) => g.issue === 17],
-    ["goals of earlier issues, still checked", (g: Goal) => g.issue !== 17],
+    ["goals of watch() (issue 19)", (g: Goal) => g.issue === 19],
+    [
+      "goals of earlier issues, still checked",
+      (g: Goal) => g.issue !== 17 && g.issue !== 19,
+    ],
   ] as const
 ) {
   out.push("", `## ${title}`);
@@ -1237,7 +1292,9 @@ for (
     out.push(
       `${verdict}  ${g.goal}: ${
         g.value === undefined ? "not measured" : `${fmt(g.value)} ${g.unit}`
-      } (${g.detail})${g.issue === 17 ? "" : ` [issue ${g.issue}]`}`,
+      } (${g.detail})${
+        g.issue === 17 || g.issue === 19 ? "" : ` [issue ${g.issue}]`
+      }`,
     );
   }
 }

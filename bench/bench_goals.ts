@@ -5,6 +5,7 @@
 // bare runtime's own ratio, the system calls counted by the audit.
 import type { ScaleSection } from "./bench_scale.ts";
 import type { SyscallAudit } from "./bench_syscalls.ts";
+import type { WatchResult } from "./bench_watch.ts";
 
 export interface Goal {
   goal: string;
@@ -30,6 +31,7 @@ export interface GoalInput {
   groups: { id: string; rows: GoalRow[] }[];
   syscalls?: SyscallAudit;
   scale?: ScaleSection;
+  watched?: WatchResult[];
 }
 
 export function fmt(x: number | undefined, digits = 2): string {
@@ -274,6 +276,43 @@ export function checkGoals(input: GoalInput): Goal[] {
         issue: 17,
       });
     }
+  }
+
+  // issue 19: watch()
+  for (const w of input.watched ?? []) {
+    const who = WHO[w.runtime] ?? w.runtime;
+    if (w.runtime !== "deno") {
+      goals.push({
+        goal:
+          `watch(): a SIGKILLed holder's crashed change, ${who} ≤ 10 ms (median)`,
+        value: w.crashed.median,
+        limit: 10,
+        unit: "ms",
+        pass: w.crashed.median <= 10,
+        detail: `best ${fmt(w.crashed.best)}, max ${fmt(w.crashed.max)} ms; ${
+          w.floor
+            ? `a C waiter in flock(LOCK_EX) on the same holders: median ${
+              fmt(w.floor.median)
+            }, best ${fmt(w.floor.best)} ms (samples interleaved)`
+            : "no C floor"
+        }`,
+        issue: 19,
+      });
+    }
+    // "None measurable": within 0.1 ms of CPU per second of the same
+    // process idle without the watch (the figure's own noise here).
+    goals.push({
+      goal:
+        `watch(): an idle watch of ${w.idle.locks} held runs, ${who}: no CPU measurable between changes (≤ 0.1 ms/s over the same process without it)`,
+      value: w.idle.addedMsPerS,
+      limit: 0.1,
+      unit: "ms/s",
+      pass: w.idle.addedMsPerS <= 0.1,
+      detail: `${fmt(w.idle.cpuMs)} ms of CPU over ${w.idle.ms} ms watching, ${
+        fmt(w.idle.baselineCpuMs)
+      } ms over the same time after the watch ended`,
+      issue: 19,
+    });
   }
 
   // earlier issues
