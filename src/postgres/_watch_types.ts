@@ -1,5 +1,6 @@
 // The options and results of PgLocks.scan() and PgLocks.watch(),
 // re-exported by types.ts and mod.ts.
+import type { ChangeKind } from "../watch.ts";
 import type { PgInspection } from "./types.ts";
 // deno-lint-ignore no-unused-vars
 import type { PgLocks } from "./types.ts";
@@ -82,13 +83,7 @@ export interface PgWatchOptions {
  * assert.equal(verb("crashed"), "died holding");
  * ```
  */
-export type PgChangeKind =
-  | "present"
-  | "started"
-  | "released"
-  | "crashed"
-  | "taken over"
-  | "lost";
+export type PgChangeKind = ChangeKind;
 
 /**
  * One change {@linkcode PgLocks.watch} reports.
