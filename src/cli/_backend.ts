@@ -93,13 +93,33 @@ export function databaseUrl(
 }
 
 /** This host's name, when it may be read without a prompt. */
-function hostHere(): string {
+export function hostHere(): string {
   if (!granted({ name: "sys", kind: "hostname" })) return "";
   try {
     return hostname();
   } catch {
     return "";
   }
+}
+
+/**
+ * A PostgreSQL lock's inspection as an {@linkcode Info}: a database record
+ * names no boot or PID namespace, so the host (`here`: this host's name,
+ * or `""`) is all there is to compare, and only a difference is certain.
+ */
+export function pgInfo(
+  i: Omit<Info, "bootId" | "pidNamespace" | "pidValidHere" | "pidElsewhere">,
+  here: string,
+): Info {
+  const elsewhere = i.pid !== 0 && i.host !== "" && here !== "" &&
+    i.host !== here;
+  return {
+    ...i,
+    bootId: "",
+    pidNamespace: "",
+    pidValidHere: elsewhere ? false : undefined,
+    pidElsewhere: elsewhere ? "host" : undefined,
+  };
 }
 
 /** The PostgreSQL backend's module, loaded on first use. */
@@ -121,20 +141,7 @@ async function database(url: Url): Promise<Backend> {
   return {
     // Any text is a lock name.
     check: () => {},
-    async inspect(name) {
-      const i = await locks.inspect(name);
-      // A database record names no boot or PID namespace: the host is all
-      // there is to compare, and only a difference is certain.
-      const elsewhere = i.pid !== 0 && i.host !== "" && here !== "" &&
-        i.host !== here;
-      return {
-        ...i,
-        bootId: "",
-        pidNamespace: "",
-        pidValidHere: elsewhere ? false : undefined,
-        pidElsewhere: elsewhere ? "host" : undefined,
-      };
-    },
+    inspect: async (name) => pgInfo(await locks.inspect(name), here),
     acquire: (name, options) => locks.acquire(name, options),
     // The class that module re-exports, which is runlock's own (one copy
     // under Deno; the npm build keeps it one copy too).

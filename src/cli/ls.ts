@@ -7,11 +7,16 @@
  */
 
 import { statSync } from "node:fs";
-import { hostname } from "node:os";
 import process from "node:process";
 import { scan, watch } from "../../mod.ts";
 import { onePath, parse, UsageError } from "./_args.ts";
-import { databaseUrl, postgres, type Url } from "./_backend.ts";
+import {
+  databaseUrl,
+  hostHere,
+  pgInfo,
+  postgres,
+  type Url,
+} from "./_backend.ts";
 import {
   alignRows,
   type Info,
@@ -31,7 +36,6 @@ import {
   type Sink,
   stdoutScreen,
 } from "./_live.ts";
-import { granted } from "./_permissions.ts";
 import { signalNumber } from "./_signals.ts";
 
 /** How often `ls --watch --db` polls pg_locks by default (ms). */
@@ -121,36 +125,6 @@ function kindOf(dir: string): "directory" | "other" | "missing" {
     if ((err as { code?: string }).code !== "ENOENT") throw err;
     return "missing";
   }
-}
-
-/** This host's name, when it may be read without a prompt. */
-function hostHere(): string {
-  if (!granted({ name: "sys", kind: "hostname" })) return "";
-  try {
-    return hostname();
-  } catch {
-    return "";
-  }
-}
-
-/**
- * A PostgreSQL lock's inspection as an {@linkcode Info}, as `status --db`
- * completes it: a database record names no boot or PID namespace, so the
- * host is all there is to compare, and only a difference is certain.
- */
-function pgInfo(
-  i: Omit<Info, "bootId" | "pidNamespace" | "pidValidHere" | "pidElsewhere">,
-  here: string,
-): Info {
-  const elsewhere = i.pid !== 0 && i.host !== "" && here !== "" &&
-    i.host !== here;
-  return {
-    ...i,
-    bootId: "",
-    pidNamespace: "",
-    pidValidHere: elsewhere ? false : undefined,
-    pidElsewhere: elsewhere ? "host" : undefined,
-  };
 }
 
 /** Opens the database of `url`; a URL that is not postgres:// is usage. */
