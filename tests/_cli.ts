@@ -5,12 +5,16 @@
 // bin under Node and Bun, or the program named by RUNLOCK_CLI (the
 // `bun build --compile` binary; scripts/test_npm.ts runs the CLI tests
 // against it under Deno).
+import assert from "node:assert/strict";
 import { spawn, spawnSync } from "node:child_process";
 import { readFileSync, writeFileSync } from "node:fs";
+import { createRequire } from "node:module";
 import { join } from "node:path";
 import process from "node:process";
 import { createInterface } from "node:readline";
+import { test } from "node:test";
 import { cliCommand as runtimeCli, delay, runtime } from "./_helpers.ts";
+import { findPgBin } from "./fixtures/pg_cluster.ts";
 
 /** The runlock command line under test. */
 export function cliCommand(): string[] {
@@ -22,6 +26,53 @@ export function cliCommand(): string[] {
 export const cliRuntime: "deno" | "node" | "bun" = process.env.RUNLOCK_CLI
   ? "bun"
   : runtime;
+
+/**
+ * Whether the CLI under test has the PostgreSQL backend: always from a
+ * clone (Deno) and in a `bun build --compile` binary of the bin (which
+ * bundles the backend and pg); in the npm package once it exports
+ * "./postgres".
+ */
+function cliHasPostgres(): boolean {
+  if (cliRuntime === "deno" || process.env.RUNLOCK_CLI) return true;
+  try {
+    const pkg = createRequire(import.meta.url).resolve("runlock/package.json");
+    return "./postgres" in JSON.parse(readFileSync(pkg, "utf8")).exports;
+  } catch {
+    return false;
+  }
+}
+
+/**
+ * Whether the `--db` tests of a file (`what` names them in messages) can
+ * run here: a server (RUNLOCK_TEST_PG_URL, or PostgreSQL binaries for a
+ * throwaway cluster) and a CLI with the backend. When they cannot, says so
+ * loudly on stderr, and under CI=true adds a test that fails.
+ */
+export function cliPgTestable(what: string): boolean {
+  const hasServer = Boolean(process.env.RUNLOCK_TEST_PG_URL) ||
+    findPgBin() !== undefined;
+  if (!hasServer) {
+    const message =
+      `no PostgreSQL binaries (initdb, pg_ctl) and no RUNLOCK_TEST_PG_URL: ${what} is NOT tested`;
+    if (process.env.CI === "true") {
+      test(`PostgreSQL is available to the ${what} tests under CI=true`, () => {
+        assert.fail(message);
+      });
+    } else {
+      const bar = "!".repeat(message.length + 4);
+      console.error(`${bar}\n! ${message} !\n${bar}`);
+    }
+    return false;
+  }
+  if (!cliHasPostgres()) {
+    console.error(
+      `the npm package does not export runlock/postgres: ${what} is NOT tested with this ${cliRuntime} bin`,
+    );
+    return false;
+  }
+  return true;
+}
 
 const [cmd, ...pre] = cliCommand();
 

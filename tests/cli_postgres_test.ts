@@ -8,7 +8,6 @@
 import assert from "node:assert/strict";
 import { spawnSync } from "node:child_process";
 import { existsSync, readFileSync, writeFileSync } from "node:fs";
-import { createRequire } from "node:module";
 import { hostname } from "node:os";
 import { join } from "node:path";
 import process from "node:process";
@@ -17,6 +16,7 @@ import {
   Background,
   cli,
   cliCommand,
+  cliPgTestable,
   cliRuntime,
   type Result,
   start,
@@ -24,48 +24,12 @@ import {
 import { delay, tempDir } from "./_helpers.ts";
 import {
   type Cluster,
-  findPgBin,
   freePort,
   psql,
   startCluster,
 } from "./fixtures/pg_cluster.ts";
 
-const hasServer = Boolean(process.env.RUNLOCK_TEST_PG_URL) ||
-  findPgBin() !== undefined;
-const SKIP_MESSAGE =
-  "no PostgreSQL binaries (initdb, pg_ctl) and no RUNLOCK_TEST_PG_URL: the CLI's --db is NOT tested";
-
-/**
- * Whether the CLI under test has the PostgreSQL backend: always from a
- * clone (Deno) and in a `bun build --compile` binary of the bin (which
- * bundles the backend and pg); in the npm package once it exports
- * "./postgres".
- */
-function cliHasPostgres(): boolean {
-  if (cliRuntime === "deno" || process.env.RUNLOCK_CLI) return true;
-  try {
-    const pkg = createRequire(import.meta.url).resolve("runlock/package.json");
-    return "./postgres" in JSON.parse(readFileSync(pkg, "utf8")).exports;
-  } catch {
-    return false;
-  }
-}
-
-const shipped = cliHasPostgres();
-if (!hasServer) {
-  if (process.env.CI === "true") {
-    test("PostgreSQL is available to the CLI --db tests under CI=true", () => {
-      assert.fail(SKIP_MESSAGE);
-    });
-  } else {
-    const bar = "!".repeat(SKIP_MESSAGE.length + 4);
-    console.error(`${bar}\n! ${SKIP_MESSAGE} !\n${bar}`);
-  }
-} else if (!shipped) {
-  console.error(
-    `the npm package does not export runlock/postgres: the CLI's --db is NOT tested with this ${cliRuntime} bin`,
-  );
-}
+const testable = cliPgTestable("the CLI's --db");
 
 let counter = 0;
 /** A lock name no other test (or earlier run) uses. */
@@ -131,7 +95,7 @@ function advisoryLocksOf(url: string, backend: number): number {
 }
 
 describe("runlock --db (PostgreSQL)", {
-  skip: !hasServer || !shipped,
+  skip: !testable,
 }, () => {
   let cluster: Cluster;
   let url: string;

@@ -5,8 +5,7 @@
 // with SIGKILL through their handles; every step waits for what the watch
 // printed about the one before.
 import assert from "node:assert/strict";
-import { mkdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
-import { createRequire } from "node:module";
+import { mkdirSync, rmSync, writeFileSync } from "node:fs";
 import { hostname } from "node:os";
 import { join } from "node:path";
 import process from "node:process";
@@ -15,7 +14,7 @@ import {
   Background,
   cli,
   cliCommand,
-  cliRuntime,
+  cliPgTestable,
   type Result,
   start,
   startWithInput,
@@ -23,11 +22,7 @@ import {
 } from "./_cli.ts";
 import { Child, delay, tempDir } from "./_helpers.ts";
 import { commandLines, docBlock } from "./_readme.ts";
-import {
-  type Cluster,
-  findPgBin,
-  startCluster,
-} from "./fixtures/pg_cluster.ts";
+import { type Cluster, startCluster } from "./fixtures/pg_cluster.ts";
 
 const runlock = cliCommand();
 
@@ -506,41 +501,13 @@ describe("runlock ls --watch", () => {
 // RUNLOCK_TEST_PG_URL or a throwaway cluster; skipped loudly without
 // PostgreSQL binaries (failed under CI=true), and under Node and Bun until
 // the npm package ships runlock/postgres.
-const hasServer = Boolean(process.env.RUNLOCK_TEST_PG_URL) ||
-  findPgBin() !== undefined;
-const SKIP_MESSAGE =
-  "no PostgreSQL binaries (initdb, pg_ctl) and no RUNLOCK_TEST_PG_URL: ls --watch --db is NOT tested";
-
-/** Whether the CLI under test has the PostgreSQL backend. */
-function cliHasPostgres(): boolean {
-  if (cliRuntime === "deno" || process.env.RUNLOCK_CLI) return true;
-  try {
-    const pkg = createRequire(import.meta.url).resolve("runlock/package.json");
-    return "./postgres" in JSON.parse(readFileSync(pkg, "utf8")).exports;
-  } catch {
-    return false;
-  }
-}
-const shipped = cliHasPostgres();
-if (!hasServer) {
-  if (process.env.CI === "true") {
-    test("PostgreSQL is available to the ls --watch --db tests under CI=true", () => {
-      assert.fail(SKIP_MESSAGE);
-    });
-  } else {
-    console.error(`! ${SKIP_MESSAGE} !`);
-  }
-} else if (!shipped) {
-  console.error(
-    `the npm package does not export runlock/postgres: ls --watch --db is NOT tested with this ${cliRuntime} bin`,
-  );
-}
+const testable = cliPgTestable("ls --watch --db");
 
 /** The shell loop of a command that runs until the file "$1" exists. */
 const UNTIL_DONE = 'echo ready; while [ ! -e "$1" ]; do sleep 0.05; done';
 
 describe("runlock ls --watch --db (PostgreSQL)", {
-  skip: !hasServer || !shipped,
+  skip: !testable,
 }, () => {
   let cluster: Cluster;
   let db: string;
