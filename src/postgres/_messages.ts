@@ -95,15 +95,16 @@ export function refused(
 
 /**
  * A RunlockError for a connection that failed, saying why in words.
- * `purpose`: the session is for a lock (acquire) or for probes (inspect,
- * held, activePid), which the message names when the server is full.
+ * `purpose`: the session is for a lock (acquire), for probes (inspect,
+ * held, activePid, scan) or for a watch, which the message names when the
+ * server is full.
  */
 export function connectError(
   target: Target,
   options: Options,
   name: string,
   err: unknown,
-  purpose: "lock" | "probe" = "lock",
+  purpose: "lock" | "probe" | "watch" = "lock",
 ): RunlockError {
   if (err instanceof ClientMissing) {
     return new RunlockError(name, `${name}: ${err.message}`, { cause: err });
@@ -141,7 +142,9 @@ export function connectError(
     ? `the server has no free connection (${message}): max_connections, or a ` +
       `CONNECTION LIMIT of the role or the database, is reached; ${
         purpose === "probe"
-          ? "inspect needs a session of its own (one per pgLocks object, kept for later probes)"
+          ? "inspect needs a session of its own (one per pgLocks object, kept for later probes and scans)"
+          : purpose === "watch"
+          ? "each watch needs a session of its own, for as long as it runs"
           : "each held lock needs a session of its own, for as long as it is held"
       }. Release locks or close other sessions, or raise the limit`
     : (state === undefined || state === "08P01") &&

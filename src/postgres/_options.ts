@@ -316,14 +316,22 @@ export function checkIdentifier(
   return value;
 }
 
+/**
+ * A UTF-16 surrogate without its pair. PostgreSQL receives text as UTF-8,
+ * where a lone surrogate has no encoding: the client sends U+FFFD in its
+ * place, so "a\ud800" and "a\udbff" would be one name, one lock.
+ */
+export const LONE_SURROGATE =
+  /[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/;
+
 /** A valid lock name, or a TypeError naming the action. */
 export function checkName(name: unknown, action: string): string {
   if (
     typeof name !== "string" || name === "" || name.length > 1024 ||
-    name.includes("\0")
+    name.includes("\0") || LONE_SURROGATE.test(name)
   ) {
     throw new TypeError(
-      `Cannot ${action} as 'name' must be a string of 1 to 1024 characters without NUL: current value is ${
+      `Cannot ${action} as 'name' must be a string of 1 to 1024 characters without NUL or a lone UTF-16 surrogate: current value is ${
         typeof name === "string" && name.length > 80
           ? `a string of ${name.length} characters`
           : JSON.stringify(name)

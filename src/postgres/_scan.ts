@@ -1,6 +1,7 @@
 // Every lock name of the table at once (scan() and each poll of watch()):
 // one statement on a probe session, read as inspect() reads one name.
 import { setTimeout } from "node:timers";
+import { LONE_SURROGATE } from "./_options.ts";
 import { interpret } from "./_probe.ts";
 import type { Session } from "./_session.ts";
 import type { Statements } from "./_sql.ts";
@@ -33,8 +34,9 @@ const AGAIN_MS = [2, 4, 8];
 
 /**
  * Checks scan()'s and watch()'s `prefix`: a string of at most 1024
- * characters (a name's limit) without NUL; `""` (the default) matches
- * every name.
+ * characters (a name's limit) without NUL or a lone UTF-16 surrogate (it
+ * would reach the server as U+FFFD); `""` (the default) matches every
+ * name.
  *
  * @param prefix The caller's value.
  * @param action What is refused, for the message (`scan the locks`).
@@ -44,10 +46,11 @@ const AGAIN_MS = [2, 4, 8];
 export function checkPrefix(prefix: unknown, action: string): string {
   const value = prefix ?? "";
   if (
-    typeof value !== "string" || value.length > 1024 || value.includes("\0")
+    typeof value !== "string" || value.length > 1024 ||
+    value.includes("\0") || LONE_SURROGATE.test(value)
   ) {
     throw new TypeError(
-      `Cannot ${action} as 'prefix' must be a string of at most 1024 characters without NUL: current value is ${
+      `Cannot ${action} as 'prefix' must be a string of at most 1024 characters without NUL or a lone UTF-16 surrogate: current value is ${
         typeof value === "string" && value.length > 80
           ? `a string of ${value.length} characters`
           : typeof value === "string"
@@ -57,6 +60,27 @@ export function checkPrefix(prefix: unknown, action: string): string {
     );
   }
   return value;
+}
+
+/**
+ * Checks scan()'s and watch()'s `options`: undefined or an object (not
+ * null, not an array, not a function).
+ */
+export function checkOptionsObject(
+  options: unknown,
+  action: string,
+): Record<string, unknown> {
+  if (options === undefined) return {};
+  if (
+    typeof options !== "object" || options === null || Array.isArray(options)
+  ) {
+    throw new TypeError(
+      `Cannot ${action} as 'options' must be an object or undefined: current value is ${
+        typeof options === "string" ? JSON.stringify(options) : String(options)
+      }`,
+    );
+  }
+  return options as Record<string, unknown>;
 }
 
 /** Checks an optional `signal`: an AbortSignal or undefined. */

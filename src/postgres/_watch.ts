@@ -8,6 +8,7 @@ import { RunlockError } from "../errors.ts";
 import { keyOf, lockTagOf } from "./_key.ts";
 import { find, interpret } from "./_probe.ts";
 import {
+  checkOptionsObject,
   checkPrefix,
   checkSignal,
   scanLabel,
@@ -34,6 +35,11 @@ export interface WatchHost {
     signal?: AbortSignal,
   ): Promise<Session>;
   refused(name: string, action: string, err: unknown): RunlockError;
+  /**
+   * Keeps `stop` until the returned function is called: end() calls
+   * every `stop` kept, and waits for each.
+   */
+  track(stop: () => Promise<void>): () => void;
 }
 
 /** The default milliseconds between two polls. */
@@ -53,7 +59,7 @@ function checkInterval(interval: unknown): number {
   if (typeof value !== "number" || !Number.isFinite(value) || value <= 0) {
     throw new TypeError(
       `Cannot ${ACTION} as 'interval' must be a positive finite number of milliseconds: current value is ${
-        String(value)
+        typeof value === "string" ? JSON.stringify(value) : String(value)
       }`,
     );
   }
@@ -136,11 +142,56 @@ export function watchLocks(
   host: WatchHost,
   options: PgWatchOptions | undefined,
 ): AsyncIterable<PgChange[]> {
-  const o = options ?? {};
+  const o = checkOptionsObject(options, ACTION);
   const prefix = checkPrefix(o.prefix, ACTION);
   const interval = checkInterval(o.interval);
   const signal = checkSignal(o.signal, ACTION);
-  return { [Symbol.asyncIterator]: () => poll(host, prefix, interval, signal) };
+  return {
+    [Symbol.asyncIterator]: () => iterate(host, prefix, interval, signal),
+  };
+}
+
+/**
+ * The iterator of one iteration: the polling generator, and a stop of
+ * its own (return(), or the object's end()) that ends a next() in flight
+ * at once, as the caller's signal does: a generator's return() would wait
+ * behind that next() until a change came.
+ */
+function iterate(
+  host: WatchHost,
+  prefix: string,
+  interval: number,
+  signal: AbortSignal | undefined,
+): AsyncIterator<PgChange[], void, undefined> {
+  const own = new AbortController();
+  const abort = () => own.abort(signal!.reason);
+  if (signal?.aborted) own.abort(signal.reason);
+  else signal?.addEventListener("abort", abort, { once: true });
+  const gen = poll(host, prefix, interval, own.signal);
+  let pending: Promise<unknown> = Promise.resolve();
+  const stop = async () => {
+    own.abort();
+    await pending.catch(() => {});
+    await gen.return();
+  };
+  const untrack = host.track(stop);
+  const finish = () => {
+    untrack();
+    signal?.removeEventListener("abort", abort);
+  };
+  return {
+    next() {
+      const p = gen.next();
+      pending = p;
+      p.then((r) => r.done && finish(), finish);
+      return p;
+    },
+    async return() {
+      finish();
+      await stop();
+      return { done: true, value: undefined };
+    },
+  };
 }
 
 async function* poll(
@@ -294,11 +345,18 @@ async function* poll(
         if (lost) session = undefined;
         const now = performance.now();
         failingSince ??= now;
-        if (
-          first || !(lost || isConnectError(err)) ||
-          now - failingSince >= RECONNECT_MS
-        ) {
+        if (first || !(lost || isConnectError(err))) {
           throw host.refused(label, ACTION, err);
+        }
+        if (now - failingSince >= RECONNECT_MS) {
+          const e = host.refused(label, ACTION, err);
+          throw new RunlockError(
+            label,
+            `${e.message} (the watch retried for ${
+              Math.round((now - failingSince) / 1000)
+            } s, one poll every ${interval} ms, and gave up)`,
+            { cause: e.cause ?? err },
+          );
         }
         continue; // the next poll opens a new session
       }
@@ -329,8 +387,11 @@ function isConnectError(err: unknown): boolean {
   }
   if (typeof code === "string" && /^[0-9A-Z]{5}$/.test(code)) {
     // cannot_connect_now (57P03: starting up, shutting down), the
-    // shutdowns (57P01, 57P02), connection exceptions (08xxx).
-    return code.startsWith("57P") || code.startsWith("08");
+    // shutdowns (57P01, 57P02), connection exceptions (08xxx), and
+    // insufficient resources (53xxx: too_many_connections 53300, as when
+    // every client reconnects at once after a restart; out of memory).
+    return code.startsWith("57P") || code.startsWith("08") ||
+      code.startsWith("53");
   }
   return cause !== undefined && isSessionError(cause) &&
     !(cause instanceof TypeError);

@@ -22,6 +22,7 @@ import {
 import { find, type Found, interpret } from "./_probe.ts";
 import {
   abortable,
+  checkOptionsObject,
   checkPrefix,
   checkSignal,
   scanLabel,
@@ -71,6 +72,12 @@ class PgLocksImpl implements PgLocks, AcquireHost, LockOwner {
   #tableReady = false;
   #probe: Promise<Session> | undefined;
   #ended = false;
+  /** The stops of the watches running (see track). */
+  readonly #watches = new Set<() => Promise<void>>();
+  /** Aborted by end(): the scans in flight reject with its reason. */
+  readonly #ending = new AbortController();
+  /** Scans in flight. */
+  #scans = 0;
 
   constructor(url: string, options: PgLocksOptions | undefined) {
     this.#target = parseUrl(url);
@@ -118,10 +125,15 @@ class PgLocksImpl implements PgLocks, AcquireHost, LockOwner {
     return refused(this.#target, name, action, err, this.#schema);
   }
 
+  track(stop: () => Promise<void>): () => void {
+    this.#watches.add(stop);
+    return () => this.#watches.delete(stop);
+  }
+
   async #connect(
     name: string,
     signal?: AbortSignal,
-    purpose: "lock" | "probe" = "lock",
+    purpose: "lock" | "probe" | "watch" = "lock",
   ): Promise<Session> {
     if (this.#ended) {
       throw new RunlockError(
@@ -234,16 +246,20 @@ class PgLocksImpl implements PgLocks, AcquireHost, LockOwner {
    * when it died (concurrent probes share the replacement, so none leaks
    * past end()).
    */
-  async #probeSession(name: string): Promise<Session> {
+  async #probeSession(
+    name: string,
+    action = "inspect the lock",
+  ): Promise<Session> {
     const current = this.#probe;
     if (current !== undefined) {
       const session = await current.catch(() => undefined);
       if (session !== undefined && session.lost === undefined) return session;
       if (this.#probe !== current && this.#probe !== undefined) {
-        return await this.#probeSession(name); // another probe replaced it
+        // another probe replaced it
+        return await this.#probeSession(name, action);
       }
     }
-    const next = this.openProbe(name, "inspect the lock");
+    const next = this.openProbe(name, action);
     this.#probe = next;
     next.catch(() => {
       if (this.#probe === next) this.#probe = undefined;
@@ -262,7 +278,11 @@ class PgLocksImpl implements PgLocks, AcquireHost, LockOwner {
     action: string,
     signal?: AbortSignal,
   ): Promise<Session> {
-    const s = await this.#probeConnect(name, signal);
+    const s = await this.#probeConnect(
+      name,
+      signal,
+      action.startsWith("watch") ? "watch" : "probe",
+    );
     const rows = await s.query(
       this.sql.standby,
       [],
@@ -289,14 +309,18 @@ class PgLocksImpl implements PgLocks, AcquireHost, LockOwner {
    * connection limit may be full of this object's own idle sessions, kept
    * for the next acquire: close one and connect once more.
    */
-  async #probeConnect(name: string, signal?: AbortSignal): Promise<Session> {
+  async #probeConnect(
+    name: string,
+    signal: AbortSignal | undefined,
+    purpose: "probe" | "watch",
+  ): Promise<Session> {
     try {
-      return await this.#connect(name, signal, "probe");
+      return await this.#connect(name, signal, purpose);
     } catch (err) {
       const cause = (err as { cause?: unknown } | null)?.cause;
       if (sqlState(cause) !== "53300" || this.#idle.length === 0) throw err;
       await this.#idle.shift()!.session.close();
-      return await this.#connect(name, signal, "probe");
+      return await this.#connect(name, signal, purpose);
     }
   }
 
@@ -352,17 +376,39 @@ class PgLocksImpl implements PgLocks, AcquireHost, LockOwner {
   }
 
   async scan(options?: PgScanOptions): Promise<PgInspection[]> {
-    const o = options ?? {};
+    const o = checkOptionsObject(options, "scan the locks");
     const prefix = checkPrefix(o.prefix, "scan the locks");
     const signal = checkSignal(o.signal, "scan the locks");
     signal?.throwIfAborted();
-    return await abortable(this.#scan(prefix), signal);
+    if (this.#ended) {
+      throw new RunlockError(
+        scanLabel(prefix),
+        `${
+          scanLabel(prefix)
+        }: cannot use this pgLocks object: end() was called`,
+      );
+    }
+    this.#scans++;
+    try {
+      return await abortable(
+        abortable(this.#scan(prefix), this.#ending.signal),
+        signal,
+      );
+    } catch (err) {
+      if (err !== this.#ending.signal.reason) throw err;
+      throw new RunlockError(
+        scanLabel(prefix),
+        `${scanLabel(prefix)}: cannot scan the locks: end() was called`,
+      );
+    } finally {
+      this.#scans--;
+    }
   }
 
   async #scan(prefix: string): Promise<PgInspection[]> {
     const label = scanLabel(prefix);
     for (let attempt = 0;; attempt++) {
-      const session = await this.#probeSession(label);
+      const session = await this.#probeSession(label, "scan the locks");
       try {
         const { rows, table } = await scanTable(
           session,
@@ -427,11 +473,20 @@ class PgLocksImpl implements PgLocks, AcquireHost, LockOwner {
     this.#ended = true;
     clearInterval(this.#sweeper);
     this.#sweeper = undefined;
+    const scanning = this.#scans > 0;
+    this.#ending.abort(new Error("end() was called"));
     const closing = this.#idle.splice(0).map(({ session }) => session.close());
+    for (const stop of this.#watches) closing.push(stop());
+    this.#watches.clear();
     const probe = this.#probe;
     this.#probe = undefined;
     if (probe !== undefined) {
-      closing.push(probe.then((s) => s.close(), () => {}));
+      closing.push(probe.then((s) => {
+        if (!scanning) return s.close();
+        // A scan's statement may be waiting on the server: stop it.
+        void s.cancel();
+        s.destroy();
+      }, () => {}));
     }
     await Promise.all(closing);
   }

@@ -320,9 +320,11 @@ export interface PgLocks extends AsyncDisposable {
    * @param options `prefix` (literal: `%` and `_` are not wildcards) and
    * `signal`.
    * @returns The inspections, sorted by name.
-   * @throws {TypeError} `prefix` is not a string of at most 1024
-   * characters without NUL, or `signal` is not an AbortSignal.
-   * @throws {RunlockError} the server cannot be reached or refuses.
+   * @throws {TypeError} `options` is not an object, `prefix` is not a
+   * string of at most 1024 characters without NUL or a lone UTF-16
+   * surrogate, or `signal` is not an AbortSignal.
+   * @throws {RunlockError} the server cannot be reached or refuses, or
+   * end() was called (also while the scan was in flight).
    *
    * @example Which runs are alive, and which crashed
    * ```ts
@@ -363,19 +365,22 @@ export interface PgLocks extends AsyncDisposable {
    * A server restart or a dropped connection does not end it: the next
    * poll opens a new session and reports what changed meanwhile (after a
    * restart, every holder `crashed`: a restart ends every session). After
-   * 30 s without a poll that succeeded, and at once for the first poll or
-   * any error that is not a lost or refused connection (a missing
-   * privilege), the iteration throws a {@linkcode RunlockError}.
+   * 30 s without a poll that succeeded (a refused connection, a server
+   * at its connection limit, 53300, counting as one that may pass), and
+   * at once for the first poll or any other error (a missing privilege),
+   * the iteration throws a {@linkcode RunlockError}.
    *
    * The `signal` ends the iteration (it returns, without an error) and
-   * closes the session; so does leaving a `for await` loop (`break`,
-   * `return`, a throw).
+   * closes the session; so do leaving a `for await` loop (`break`,
+   * `return`, a throw), the iterator's `return()` (also while a `next()`
+   * waits: both resolve at once, done) and {@linkcode PgLocks.end}.
    *
    * @param options `prefix`, `interval` (ms, default 1000), `signal`.
    * @returns Batches of changes, the first the current state.
-   * @throws {TypeError} at once (before any query): `interval` is not a
-   * positive finite number, `prefix` not a string of at most 1024
-   * characters without NUL, `signal` not an AbortSignal.
+   * @throws {TypeError} at once (before any query): `options` is not an
+   * object, `interval` is not a positive finite number, `prefix` not a
+   * string of at most 1024 characters without NUL or a lone UTF-16
+   * surrogate, `signal` not an AbortSignal.
    * @throws {RunlockError} while iterating, as said above.
    *
    * @example Seeing a run start and end
@@ -399,8 +404,11 @@ export interface PgLocks extends AsyncDisposable {
    */
   watch(options?: PgWatchOptions): AsyncIterable<PgChange[]>;
   /**
-   * Closes the probe session and the idle sessions. Held locks keep their
-   * sessions until released (then those close too). Idempotent.
+   * Closes the probe session and the idle sessions, and ends every watch
+   * of this object (each iteration returns, done, and closes its
+   * session) and every scan in flight (it rejects with a RunlockError).
+   * Held locks keep their sessions until released (then those close
+   * too). Idempotent.
    */
   end(): Promise<void>;
 }
