@@ -368,24 +368,37 @@ export function statements(schema: string): Statements {
     // Without pg_read_all_stats (or membership in the role) another role's
     // backend_start and state read NULL (`record_backend_checked` false).
     // $1 prefix (text), $2 names (text[]).
-    scan: `SELECT r.name, r.key::pg_catalog.text AS key,
+    scan: `WITH held AS MATERIALIZED (
+        SELECT l.pid, l.classid, l.objid FROM pg_catalog.pg_locks l
+        WHERE l.locktype OPERATOR(pg_catalog.=) 'advisory' AND l.granted
+          AND l.database OPERATOR(pg_catalog.=) (
+            SELECT d.oid FROM pg_catalog.pg_database d
+            WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
+          AND l.objsubid OPERATOR(pg_catalog.=) 1
+      ), listed AS (
+        SELECT k.name FROM held h JOIN ${table} k
+          ON k.key OPERATOR(pg_catalog.=) ((h.classid::bigint
+            OPERATOR(pg_catalog.<<) 32) OPERATOR(pg_catalog.|) h.objid::bigint)
+        UNION
+        SELECT s.name FROM ${table} s WHERE s.backend_pid IS NOT NULL
+        UNION
+        SELECT n.name FROM ${table} n
+        WHERE n.name OPERATOR(pg_catalog.=) ANY ($2::pg_catalog.text[])
+      )
+      SELECT r.name, r.key::pg_catalog.text AS key,
         r.fence::pg_catalog.text AS fence, r.pid, r.host, r.started,
         r.runtime, r.meta, r.backend_pid,
         l.pid AS holder_backend, a.application_name AS holder_application,
         a.state AS holder_state,
         o.pid IS NOT NULL AS record_backend_alive, o.state AS record_backend_state,
         o.backend_start IS NOT NULL AS record_backend_checked
-      FROM ${table} r
-      LEFT JOIN pg_catalog.pg_locks l
-        ON l.locktype OPERATOR(pg_catalog.=) 'advisory' AND l.granted
-        AND l.database OPERATOR(pg_catalog.=) (
-          SELECT d.oid FROM pg_catalog.pg_database d
-          WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
-        AND l.classid OPERATOR(pg_catalog.=) ((r.key OPERATOR(pg_catalog.>>) 32)
+      FROM listed c
+      JOIN ${table} r ON r.name OPERATOR(pg_catalog.=) c.name
+      LEFT JOIN held l
+        ON l.classid OPERATOR(pg_catalog.=) ((r.key OPERATOR(pg_catalog.>>) 32)
           OPERATOR(pg_catalog.&) 4294967295)::pg_catalog.oid
         AND l.objid OPERATOR(pg_catalog.=)
           (r.key OPERATOR(pg_catalog.&) 4294967295)::pg_catalog.oid
-        AND l.objsubid OPERATOR(pg_catalog.=) 1
       LEFT JOIN pg_catalog.pg_stat_activity a
         ON a.pid OPERATOR(pg_catalog.=) l.pid
       LEFT JOIN pg_catalog.pg_stat_activity o
