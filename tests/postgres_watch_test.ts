@@ -62,13 +62,17 @@ async function holder(
 }
 
 /** The backends granted the advisory lock of `name` (schema public). */
-function keyHolders(url: string, name: string): number[] {
+function keyHolders(
+  url: string,
+  name: string,
+  schema = "public",
+): number[] {
   const out = psql(
     url,
     `SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 1
        AND classid = ((:'key'::bigint >> 32) & 4294967295)::oid
        AND objid = (:'key'::bigint & 4294967295)::oid`,
-    { key: keyBySql(url, name) },
+    { key: keyBySql(url, name, schema) },
   );
   return out === "" ? [] : out.split("\n").map(Number);
 }
@@ -490,6 +494,94 @@ describe("PgLocks.scan and PgLocks.watch", { skip: !hasServer }, () => {
       await b.exited;
     } finally {
       await row.close();
+      await w.close();
+    }
+  });
+
+  test("watch() by a role that cannot read the holders' pg_stat_activity: a release whose commit is slow is released (never crashed), an acquire whose commit is slow is started by its holder (never by a foreign session)", async () => {
+    const role = `watch_nostats_${process.pid}_${counter++}`;
+    const schema = role;
+    const base = unique("nostats");
+    const name = `${base}job`;
+    const marker = `${base}marker`;
+    psql(url, `CREATE SCHEMA ${schema}`);
+    await using setup = pgLocks(url, { schema });
+    await (await setup.acquire(marker)).release(); // the table exists
+    // The commit of every write of the record waits at a gate (a deferred
+    // trigger that takes an advisory lock the test holds): the
+    // transaction is in flight, its statement done, as when a synchronous
+    // standby lags. The watcher sees neither state nor backend_start of
+    // the holders' sessions (another role, no pg_read_all_stats).
+    const gateKey = "7700000000000000001";
+    psql(
+      url,
+      `CREATE FUNCTION ${schema}.gate() RETURNS trigger LANGUAGE plpgsql AS
+         $$ BEGIN PERFORM pg_catalog.pg_advisory_xact_lock(${gateKey}); RETURN NULL; END $$;
+       CREATE CONSTRAINT TRIGGER gate AFTER INSERT OR UPDATE ON ${schema}.runlock_locks
+         DEFERRABLE INITIALLY DEFERRED FOR EACH ROW
+         WHEN (NEW.name = '${name}') EXECUTE FUNCTION ${schema}.gate();
+       CREATE ROLE ${role} LOGIN; GRANT USAGE ON SCHEMA ${schema} TO ${role};
+       GRANT SELECT ON ${schema}.runlock_locks TO ${role}`,
+    );
+    const a = await holder(url, name, { schema });
+    await using watcher = pgLocks(as(role), { schema });
+    const w = new Reader(watcher.watch({ prefix: base, interval: 20 }));
+    const gate = psqlSession(url);
+    try {
+      assert.deepEqual((await w.batch())?.map((c) => c.kind), ["present"]);
+      const twoPolls = async () => {
+        const m = await setup.acquire(marker);
+        await w.until(marker, "started");
+        await m.release();
+        await w.until(marker, "released");
+      };
+      const close = async (tag: string) => {
+        gate.send(`SELECT pg_advisory_lock(${gateKey}), '${tag}';`);
+        await gate.until(new RegExp(tag));
+      };
+      await close("gate-closed-1");
+      a.child.send("release");
+      await waitFor(
+        () =>
+          keyHolders(url, name, schema).length === 0 &&
+          waitsOnLock(url, a.backendPid),
+        "the release committing: the key dropped, the commit at the gate",
+      );
+      await twoPolls();
+      assert.deepEqual(w.kinds(name), ["present"]);
+      gate.send(`SELECT pg_advisory_unlock(${gateKey});`);
+      await a.child.expect("released");
+      const released = await w.until(name, "released");
+      assert.equal(released.inspection.state, "free");
+      a.child.send("exit");
+      await a.child.exited;
+
+      await close("gate-closed-2");
+      const b = new Child("pg_child.ts", [
+        "hold",
+        url,
+        name,
+        "0",
+        JSON.stringify({ schema }),
+      ]);
+      let bBackend = 0;
+      await waitFor(() => {
+        bBackend = keyHolders(url, name, schema)[0] ?? 0;
+        return bBackend !== 0 && waitsOnLock(url, bBackend);
+      }, "the acquire committing: the key granted, the commit at the gate");
+      await twoPolls();
+      assert.deepEqual(w.kinds(name), ["present", "released"]);
+      gate.send(`SELECT pg_advisory_unlock(${gateKey});`);
+      await b.expect("acquired");
+      const started = await w.until(name, "started");
+      assert.equal(started.inspection.foreign, false);
+      assert.equal(started.inspection.pid, b.pid);
+      assert.equal(started.inspection.backendPid, bBackend);
+      assert.deepEqual(w.kinds(name), ["present", "released", "started"]);
+      b.send("exit");
+      await b.exited;
+    } finally {
+      await gate.close();
       await w.close();
     }
   });

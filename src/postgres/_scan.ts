@@ -123,7 +123,14 @@ async function readOnce(
     seen.add(name);
     const { info } = interpret(name, BigInt(row.key as string), row);
     let certainty: Scanned["certainty"] = "settled";
-    if (info.foreign) {
+    if (
+      (info.foreign || info.state === "stale") && row.record_writing === true
+    ) {
+      // Another session has written (or row-locked) the record and not
+      // committed yet: an acquire or a release in flight, whatever
+      // pg_stat_activity can be read.
+      certainty = "pending";
+    } else if (info.foreign) {
       // An acquire in flight while its holder is in its statement. An idle
       // holder is another application's, or (pg_stat_activity being read
       // apart from pg_locks) one that has just begun an acquire: a second

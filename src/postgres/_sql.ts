@@ -366,15 +366,32 @@ export function statements(schema: string): Statements {
     // it is still in that statement. pg_stat_activity is read once per
     // transaction, not when pg_locks is, so 'idle' may be stale by then.
     // Without pg_read_all_stats (or membership in the role) another role's
-    // backend_start and state read NULL (`record_backend_checked` false).
+    // backend_start and state read NULL (`record_backend_checked` false),
+    // and with track_activities = off every state does. What needs no
+    // privilege: `record_writing`, the record's row version we read has
+    // an xmax whose transaction still holds its transactionid lock in
+    // pg_locks: a statement of another session has updated (or row-locked)
+    // the record and not committed yet (an acquire's upsert, a release's
+    // mark, an UPDATE or SELECT ... FOR UPDATE by hand). pg_locks is read
+    // once, in the MATERIALIZED CTE, for the advisory keys and the
+    // transactions alike. An xmax that is a MultiXactId (several row
+    // lockers) matches no transaction: then only pg_stat_activity tells.
+    // Only records that can be held or stale are joined (`listed`): those
+    // whose key is granted (through the key's index), those not marked
+    // released, and the names in $2 (through the primary key).
     // $1 prefix (text), $2 names (text[]).
-    scan: `WITH held AS MATERIALIZED (
-        SELECT l.pid, l.classid, l.objid FROM pg_catalog.pg_locks l
-        WHERE l.locktype OPERATOR(pg_catalog.=) 'advisory' AND l.granted
-          AND l.database OPERATOR(pg_catalog.=) (
-            SELECT d.oid FROM pg_catalog.pg_database d
-            WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
-          AND l.objsubid OPERATOR(pg_catalog.=) 1
+    scan: `WITH locks AS MATERIALIZED (
+        SELECT l.locktype, l.pid, l.classid, l.objid, l.transactionid
+        FROM pg_catalog.pg_locks l
+        WHERE l.granted AND (l.locktype OPERATOR(pg_catalog.=) 'transactionid'
+          OR (l.locktype OPERATOR(pg_catalog.=) 'advisory'
+            AND l.database OPERATOR(pg_catalog.=) (
+              SELECT d.oid FROM pg_catalog.pg_database d
+              WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
+            AND l.objsubid OPERATOR(pg_catalog.=) 1))
+      ), held AS (
+        SELECT h.pid, h.classid, h.objid FROM locks h
+        WHERE h.locktype OPERATOR(pg_catalog.=) 'advisory'
       ), listed AS (
         SELECT k.name FROM held h JOIN ${table} k
           ON k.key OPERATOR(pg_catalog.=) ((h.classid::bigint
@@ -391,7 +408,10 @@ export function statements(schema: string): Statements {
         l.pid AS holder_backend, a.application_name AS holder_application,
         a.state AS holder_state,
         o.pid IS NOT NULL AS record_backend_alive, o.state AS record_backend_state,
-        o.backend_start IS NOT NULL AS record_backend_checked
+        o.backend_start IS NOT NULL AS record_backend_checked,
+        EXISTS (SELECT 1 FROM locks x
+          WHERE x.locktype OPERATOR(pg_catalog.=) 'transactionid'
+            AND x.transactionid OPERATOR(pg_catalog.=) r.xmax) AS record_writing
       FROM listed c
       JOIN ${table} r ON r.name OPERATOR(pg_catalog.=) c.name
       LEFT JOIN held l

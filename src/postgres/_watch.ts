@@ -95,8 +95,11 @@ export function kindOf(
         prev!.backendPid === next.backendPid && prev!.foreign !== next.foreign
       ) {
         // Its record was deleted or rewritten by hand: "lost". Or the
-        // record of the session seen holding the key has been committed.
-        return next.foreign ? "lost" : undefined;
+        // record of the session seen holding the key has been committed:
+        // the holder reported was that run's, unrecorded (its record's
+        // commit not seen in flight: see the scan statement); "started"
+        // again, this time with the run's pid, host and fence.
+        return next.foreign ? "lost" : "started";
       }
       // Another holding: the one seen last ended (released or crashed:
       // both fell between two polls) and a new one began.

@@ -357,10 +357,14 @@ export interface PgLocks extends AsyncDisposable {
    * an acquire or a release still committing (its commit may wait for a
    * WAL flush or a synchronous standby) is reported once it has committed,
    * and a read that could be half of one counts only when a second read
-   * agrees. Telling a release still committing from a crash needs its
-   * session's `pg_stat_activity` row: with neither `pg_read_all_stats`
-   * nor membership in the holders' role, a release whose commit takes
-   * longer than a poll may be reported `crashed`, then `released`.
+   * agrees. A write of a record still committing is told from
+   * `pg_locks` alone (the row version read has an xmax whose transaction
+   * still holds its lock), so this holds without `pg_read_all_stats` and
+   * with `track_activities = off`. What remains: a record row-locked by
+   * several sessions at once (its xmax a MultiXactId) is told only from
+   * `pg_stat_activity`; and a holder first seen without its record (a
+   * foreign session) whose record then appears is reported `started`
+   * again, with the run's pid and fence.
    *
    * A server restart or a dropped connection does not end it: the next
    * poll opens a new session and reports what changed meanwhile (after a
