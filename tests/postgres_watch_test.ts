@@ -868,7 +868,7 @@ describe("PgLocks.scan and PgLocks.watch", { skip: !hasServer }, () => {
   });
 
   test(
-    "watch() keeps going through a server restart: the holder crashed, then its successor taken over, seen on a new session",
+    "watch() keeps going through a server restart: the holder crashed, then its successor taken over, seen on a new session; on a hot standby scan() and watch() refuse, each naming itself",
     {
       skip: findPgBin() === undefined,
     },
@@ -899,6 +899,26 @@ describe("PgLocks.scan and PgLocks.watch", { skip: !hasServer }, () => {
           }
         } finally {
           await w.close();
+        }
+        // A hot standby's pg_locks has none of the primary's locks: scan
+        // and watch refuse it, each naming itself.
+        own.restartAsStandby();
+        try {
+          await using fresh = pgLocks(url);
+          await assert.rejects(
+            fresh.scan({ prefix: base }),
+            (e) =>
+              e instanceof RunlockError &&
+              /cannot scan the locks: .*hot standby/.test(e.message),
+          );
+          await assert.rejects(
+            fresh.watch({ prefix: base })[Symbol.asyncIterator]().next(),
+            (e) =>
+              e instanceof RunlockError &&
+              /cannot watch the locks: .*hot standby/.test(e.message),
+          );
+        } finally {
+          own.promote();
         }
       } finally {
         if (own !== cluster) own.stop();
