@@ -246,6 +246,63 @@ describe("runlock status", () => {
     }
   });
 
+  test("a name or record holding control characters is shown quoted as bash's $'...': status's invalid-file message (ESC, a newline in the name), a stale record's command and meta; run's and wait's messages about a held lock so named; --json exact", async () => {
+    const { dir, cleanup } = tempDir();
+    const bad = join(dir, "x\x1b[2J\ny.lock");
+    const named = join(dir, "t\x1b]0;PWNED\x07\nu.lock");
+    // deno-lint-ignore no-control-regex -- control characters are the point
+    const controls = /[\x00-\x1f\x7f]/;
+    let first: Awaited<ReturnType<typeof holder>> | undefined;
+    try {
+      writeFileSync(bad, "garbage\n");
+      const r = cli("status", bad);
+      assert.equal(r.code, 2);
+      assert.equal(r.stdout, "");
+      assert.ok(
+        r.stderr.startsWith(
+          `runlock: invalid: $'${join(dir, "x\\x1b[2J\\ny.lock")}': first line`,
+        ),
+        r.stderr,
+      );
+      assert.doesNotMatch(r.stderr.slice(0, -1), controls);
+      assert.equal(JSON.parse(cli("status", "--json", bad).stdout).path, bad);
+
+      const stale = join(dir, "stale.lock");
+      const gone = deadPid();
+      record(stale, gone, {
+        "meta.cmd": "c\x1b]0;T\x07d",
+        "meta.k": "v\x1bz",
+      });
+      const s = cli("status", stale);
+      assert.equal(s.code, 1);
+      assert.equal(
+        s.stdout,
+        `stale: last holder pid ${gone} is gone: $'c\\x1b]0;T\\x07d'\n  k=$'v\\x1bz'\n`,
+      );
+
+      first = await holder(named);
+      const shown = join(dir, "t\\x1b]0;PWNED\\x07\\nu.lock");
+      // The library's message names the path: the message is quoted whole.
+      const held = cli("run", named, "--", "true");
+      assert.equal(held.code, 75, held.stderr);
+      assert.ok(held.stderr.startsWith("runlock: $'"), held.stderr);
+      assert.ok(held.stderr.includes(shown), held.stderr);
+      assert.doesNotMatch(held.stderr.slice(0, -1), controls);
+      const waited = cli("wait", "--timeout=0", named);
+      assert.equal(waited.code, 1, waited.stderr);
+      assert.ok(
+        waited.stderr.startsWith(
+          `runlock: timed out after 0s: $'${shown}' is still held by pid ${first.pid}`,
+        ),
+        waited.stderr,
+      );
+      assert.doesNotMatch(waited.stderr.slice(0, -1), controls);
+    } finally {
+      await first?.kill();
+      cleanup();
+    }
+  });
+
   test(
     "a plain pidfile under Deno without --allow-run: status says that it could not check whether the pid is alive, and that --allow-run lets it",
     { skip: cliRuntime !== "deno" && "Deno's permissions only" },
@@ -1119,6 +1176,72 @@ describe("runlock ls", () => {
     }
   });
 
+  test("a name, host or command holding control characters (ESC, BEL, a newline, a tab, NEL, U+202E) is shown quoted as bash's $'...' (\\x1b, \\n, \\t, \\u0085, a backslash \\\\): one line per lock, no escape sequence reaches the terminal, the columns as wide as they show, a path that bash reads back as the file's; --json keeps them exact", async () => {
+    const { dir, cleanup } = tempDir();
+    const name = "a\x1b]0;PWNED\x07b\nc.lock";
+    const first = await holder(join(dir, name));
+    try {
+      const gone = deadPid();
+      record(join(dir, "gc.lock"), gone, {
+        host: "h\x1b[2Jx",
+        "meta.cmd": "c\x1b[Hd\te",
+      });
+      // A backslash and an x, a C1 control (NEL), a right-to-left override.
+      record(join(dir, "z\\x1b\u0085\u202e.lock"), gone, {});
+      const r = cli("ls", dir);
+      assert.equal(r.code, 0, r.stderr);
+      const lines = r.stdout.split("\n").slice(0, -1);
+      assert.equal(lines.length, 3, r.stdout);
+      for (const line of lines) {
+        // deno-lint-ignore no-control-regex -- control characters are the point
+        assert.doesNotMatch(line, /[\x00-\x1f\x7f]/);
+      }
+      const cols = lines.map((l) => l.split(/ {2,}/));
+      assert.equal(cols[0][0], "held");
+      assert.equal(cols[0][1], String(first.pid));
+      assert.equal(
+        cols[0][5],
+        `$'${join(dir, "a\\x1b]0;PWNED\\x07b\\nc.lock")}'`,
+      );
+      assert.deepEqual(bashWords(cols[0][5]), [join(dir, name)]);
+      assert.deepEqual(cols[1], [
+        "stale",
+        String(gone),
+        "$'h\\x1b[2Jx'",
+        "-",
+        "$'c\\x1b[Hd\\te'",
+        join(dir, "gc.lock"),
+      ]);
+      assert.equal(
+        cols[2][5],
+        `$'${join(dir, "z\\\\x1b\\u0085\\u202e.lock")}'`,
+      );
+      assert.deepEqual(bashWords(cols[2][5]), [
+        join(dir, "z\\x1b\u0085\u202e.lock"),
+      ]);
+      for (const column of [3, 5]) {
+        assert.equal(
+          lines[0].indexOf(cols[0][column]),
+          lines[1].indexOf(cols[1][column]),
+          `column ${column} is aligned`,
+        );
+      }
+      const all = JSON.parse(cli("ls", "--json", dir).stdout);
+      assert.deepEqual(
+        all.map((i: { path: string; host: string }) => [i.path, i.host]),
+        [
+          [join(dir, name), hostname()],
+          [join(dir, "gc.lock"), "h\x1b[2Jx"],
+          [join(dir, "z\\x1b\u0085\u202e.lock"), ""],
+        ],
+      );
+      assert.equal(all[1].meta.cmd, "c\x1b[Hd\te");
+    } finally {
+      await first.kill();
+      cleanup();
+    }
+  });
+
   test("an empty directory lists nothing; a missing one lists nothing, saying so on stderr ('[]' with --json); a file is an error, exit 2", () => {
     const { dir, cleanup } = tempDir();
     try {
@@ -1618,6 +1741,7 @@ describe("usage", () => {
         "another PID namespace",
         "world-readable",
         "75 held by",
+        "(\\x1b is ESC)",
       ]
     ) {
       assert.ok(help.includes(text), text);

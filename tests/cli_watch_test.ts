@@ -20,7 +20,7 @@ import {
   startWithInput,
   Terminal,
 } from "./_cli.ts";
-import { Child, delay, tempDir } from "./_helpers.ts";
+import { Child, deadPid, delay, tempDir } from "./_helpers.ts";
 import { commandLines, docBlock } from "./_readme.ts";
 import { type Cluster, startCluster } from "./fixtures/pg_cluster.ts";
 
@@ -380,6 +380,110 @@ describe("runlock ls --watch", () => {
     }
   });
 
+  test("names and records holding control characters (ESC, BEL, a newline) are shown quoted as bash's $'...' (\\x1b, \\n) in the plain lines and the live table: one line per change, no escape sequence from a name reaches the terminal, the columns as wide as they show; --json exact", async () => {
+    const { dir, cleanup } = tempDir();
+    const first = join(dir, "e\x1b]0;PWNED\x07\nf.lock");
+    const second = join(dir, "g\x1b[2J\x1b[Hh.lock");
+    const stale = join(dir, "s.lock");
+    const escaped = (path: string) =>
+      `$'${
+        path.replaceAll("\x1b", "\\x1b").replaceAll("\x07", "\\x07")
+          .replaceAll("\n", "\\n")
+      }'`;
+    // deno-lint-ignore no-control-regex -- control characters are the point
+    const controls = /[\x00-\x1f\x7f]/;
+    const holders: Child[] = [];
+    let plain: Background | undefined;
+    let json: Background | undefined;
+    let term: Terminal | undefined;
+    try {
+      holders.push(await holding(first, "job-e"));
+      writeFileSync(
+        stale,
+        `${deadPid()}\nrunlock 1\nhost=h\x1b[2Jx\nstarted=${
+          new Date().toISOString()
+        }\nmeta.cmd=c\x1b]0;T\x07d\n`,
+      );
+      plain = start("ls", "--watch", dir);
+      json = start("ls", "--watch", "--json", dir);
+      term = new Terminal([
+        "sh",
+        "-c",
+        'stty cols 200; exec "$@"',
+        "sh",
+        ...runlock,
+        "ls",
+        "--watch",
+        dir,
+      ]);
+      await plain.until(() => plain!.lines.length >= 2, "2 lines");
+      await json.until(() => json!.lines.length >= 2, "2 JSON lines");
+      const table = await frame(term, (f) => rows(f).length === 2, "2 rows");
+      holders.push(await holding(second, "job-g"));
+      await plain.until(() => plain!.lines.length >= 3, "3 lines");
+      await json.until(() => json!.lines.length >= 3, "3 JSON lines");
+      const started = await frame(
+        term,
+        (f) => rows(f).length === 3,
+        "3 rows",
+      );
+
+      const cells = plain.lines.map((line) => {
+        assert.doesNotMatch(line, controls);
+        return plainCells(line);
+      });
+      assert.deepEqual(
+        cells.map(([kind, state, , host, , cmd, path]) => [
+          kind,
+          state,
+          host,
+          cmd,
+          path,
+        ]),
+        [
+          ["present", "held", hostname(), "job-e", escaped(first)],
+          ["present", "stale", "$'h\\x1b[2Jx'", "$'c\\x1b]0;T\\x07d'", stale],
+          ["started", "held", hostname(), "job-g", escaped(second)],
+        ],
+      );
+      assert.deepEqual(
+        json.lines.map((l) => JSON.parse(l)).map((j) => [j.path, j.host]),
+        [[first, hostname()], [stale, "h\x1b[2Jx"], [second, hostname()]],
+      );
+
+      for (const f of [table, started]) {
+        for (const line of f) assert.doesNotMatch(line, controls);
+      }
+      assert.deepEqual(rows(started).map((r) => r[5]), [
+        escaped(first),
+        escaped(second),
+        stale,
+      ]);
+      const [, , host, since, cmd] = row(started, stale)!;
+      assert.deepEqual([host, cmd], ["$'h\\x1b[2Jx'", "$'c\\x1b]0;T\\x07d'"]);
+      assert.match(since, /^\d+s ago$/);
+      /** Where each column starts. */
+      const starts = (line: string) =>
+        [...line.matchAll(/(?:^| {2})(\S)/g)].map((m) =>
+          m.index! + m[0].length - 1
+        );
+      for (const line of started.slice(2)) {
+        assert.deepEqual(starts(line), starts(started[1]), line);
+      }
+      assert.ok(
+        started[0].includes("last: started $'g\\x1b[2J\\x1b[Hh.lock' at "),
+        started[0],
+      );
+      assert.ok(!term.output.includes("PWNED\x07"), "no title was set");
+    } finally {
+      await term?.close();
+      await plain?.kill();
+      await json?.kill();
+      for (const h of holders) await h.kill();
+      cleanup();
+    }
+  });
+
   test("--json | head -n 2: ls --watch exits 0, quietly, at its next line once head has gone (EPIPE)", async () => {
     const { dir, cleanup } = tempDir();
     const holders: Child[] = [];
@@ -540,6 +644,41 @@ describe("runlock ls --watch --db (PostgreSQL)", {
     assert.ok(r.code === 0 || r.code === 1, r.stderr);
     return JSON.parse(r.stdout);
   }
+
+  test("a lock name holding control characters (ESC, BEL, a newline) is shown quoted as bash's $'...' (\\x1b, \\n) by ls --db and ls --watch --db's plain lines, one line each; --json exact", async () => {
+    const { dir, cleanup } = tempDir();
+    const prefix = `cli-esc/${process.pid}-${Date.now().toString(36)}/`;
+    const name = `${prefix}\x1b]0;PWNED\x07t\nu`;
+    const shown = `$'${prefix}\\x1b]0;PWNED\\x07t\\nu'`;
+    const done = join(dir, "done");
+    let run: Background | undefined;
+    let plain: Background | undefined;
+    try {
+      run = await running(name, done);
+      const once = cli("ls", db, prefix);
+      assert.equal(once.code, 0, once.stderr);
+      const lines = once.stdout.split("\n").slice(0, -1);
+      assert.equal(lines.length, 1, once.stdout);
+      assert.deepEqual(
+        lines.map((l) => l.split(/ {2,}/)).map((r) => [r[0], r[1], r[5]]),
+        [["held", String(run.pid), shown]],
+      );
+      const json = JSON.parse(cli("ls", "--json", db, prefix).stdout);
+      assert.deepEqual(json.map((i: { path: string }) => i.path), [name]);
+      plain = start("ls", "--watch", "--interval=50", db, prefix);
+      await plain.until(() => plain!.lines.length >= 1, "a line");
+      const [line] = plain.lines;
+      assert.deepEqual(
+        [plainCells(line)[0], plainCells(line)[6]],
+        ["present", shown],
+      );
+    } finally {
+      writeFileSync(done, "");
+      await plain?.kill();
+      await run?.kill();
+      cleanup();
+    }
+  });
 
   test("--json --interval: one line per change of the names under the prefix (present, started, released, crashed: its runlock SIGKILLed), each with status --json's fields; ls --db lists them once; Ctrl-C (SIGINT) ends it (130)", async () => {
     const { dir, cleanup } = tempDir();

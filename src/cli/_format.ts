@@ -6,6 +6,7 @@
  */
 
 import type { Inspection } from "../../mod.ts";
+import { UsageError } from "./_args.ts";
 import { granted } from "./_permissions.ts";
 
 /**
@@ -14,6 +15,72 @@ import { granted } from "./_permissions.ts";
  * `backendPid`).
  */
 export type Info = Inspection & { fence?: bigint; backendPid?: number };
+
+/**
+ * What must not reach a terminal as it is: C0 and C1 control characters
+ * and DEL (Cc: ESC starts a sequence that may retitle or clear the window,
+ * a newline splits a line), format characters (Cf: bidirectional
+ * overrides, zero-width characters), line and paragraph separators, lone
+ * surrogates (Cs), and every space but the plain one (Zs).
+ */
+const UNPRINTABLE = /[\p{Cc}\p{Cf}\p{Cs}\p{Zl}\p{Zp}]|[^\P{Zs} ]/u;
+
+/** One character inside printable()'s `$'...'`. */
+function escape(char: string): string {
+  if (char === "\\") return "\\\\";
+  if (char === "'") return "\\'";
+  if (!UNPRINTABLE.test(char)) return char;
+  if (char === "\n") return "\\n";
+  if (char === "\r") return "\\r";
+  if (char === "\t") return "\\t";
+  const code = char.codePointAt(0)!;
+  const hex = code.toString(16);
+  return code < 0x80
+    ? `\\x${hex.padStart(2, "0")}`
+    : code <= 0xffff
+    ? `\\u${hex.padStart(4, "0")}`
+    : `\\U${hex.padStart(8, "0")}`;
+}
+
+/**
+ * A name, path or record text (a host, a command line) as the CLI prints
+ * it for a person. As it is, unless it holds a character that does not
+ * print (see UNPRINTABLE) or begins with `$'`: then quoted as bash, zsh
+ * and ksh read `$'...'`, each such character escaped (`\n`, `\r`, `\t`,
+ * `\xHH` below U+0080 as `\x1b` for ESC, else `\uHHHH` or `\UHHHHHHHH`),
+ * and `\\` and `\'` for a backslash and a quote. So no text shows as
+ * another, no escape sequence reaches the terminal, and a quoted path
+ * pasted into the shell names the same file. `--json` prints the exact
+ * text instead.
+ */
+export function printable(text: string): string {
+  if (!UNPRINTABLE.test(text) && !text.startsWith("$'")) return text;
+  let out = "$'";
+  for (const char of text) out += escape(char);
+  return out + "'";
+}
+
+/**
+ * A command's run, its errors' messages made {@linkcode printable} (main
+ * prints them, and a library error names the lock as it is): a usage error
+ * stays one; any other error becomes an Error with the original as its
+ * cause.
+ */
+export function printableErrors<A extends unknown[]>(
+  run: (...args: A) => Promise<number>,
+): (...args: A) => Promise<number> {
+  return async (...args) => {
+    try {
+      return await run(...args);
+    } catch (err) {
+      if (!(err instanceof Error)) throw err;
+      const message = printable(err.message);
+      if (message === err.message) throw err;
+      if (err instanceof UsageError) throw new UsageError(message);
+      throw new Error(message, { cause: err });
+    }
+  };
+}
 
 /** `text` cut to `max` characters (code points), ending in "…" if cut. */
 export function clip(text: string, max: number): string {
@@ -66,18 +133,21 @@ export function clock(date: Date, now: Date): string {
 
 /** One line describing a lock, as `runlock status` prints it. */
 export function describeState(info: Info, now: Date = new Date()): string {
-  const cmd = info.meta.cmd ? `: ${info.meta.cmd}` : "";
+  const cmd = info.meta.cmd ? `: ${printable(info.meta.cmd)}` : "";
+  const host = printable(info.host);
   switch (info.state) {
     case "free":
       return "free";
     case "held": {
       if (info.pid === 0) {
         // A PostgreSQL key held by a session that is not runlock's.
-        if (info.backendPid !== undefined && info.reason) return info.reason;
+        if (info.backendPid !== undefined && info.reason) {
+          return printable(info.reason);
+        }
         return "held by a process that wrote no pid (flock(1) or similar)";
       }
       let line = `held by pid ${info.pid}`;
-      if (info.host) line += ` on ${info.host}`;
+      if (host) line += ` on ${host}`;
       if (info.started) {
         line += ` since ${clock(info.started, now)} (${
           ago(now.getTime() - info.started.getTime())
@@ -97,7 +167,9 @@ export function describeState(info: Info, now: Date = new Date()): string {
         ? "stale: an empty lock file that nobody holds"
         : `stale: last holder pid ${info.pid} is gone${cmd}`;
     case "invalid":
-      return `invalid: ${info.path}: ${info.reason}`;
+      return `invalid: ${printable(info.path)}: ${
+        printable(info.reason ?? "")
+      }`;
   }
 }
 
@@ -117,7 +189,9 @@ export function pidWarning(info: Info): string | undefined {
       // flock died with that boot); a live one is another kernel's.
       return `pid ${pid} was recorded under another boot of a kernel (another machine sharing this file, or an earlier boot of this one): ${kill}`;
     case "host":
-      return `pid ${pid} is a process on ${info.host}, not on this host (another machine, or a container with a host name of its own): ${kill}`;
+      return `pid ${pid} is a process on ${
+        printable(info.host)
+      }, not on this host (another machine, or a container with a host name of its own): ${kill}`;
     default:
       return `pid ${pid} does not name the same process here: ${kill}`;
   }
@@ -125,16 +199,19 @@ export function pidWarning(info: Info): string | undefined {
 
 /**
  * The columns `runlock ls` prints for a lock: state, pid, host, since (an
- * age, from `now` in ms), command (for `invalid`: what is wrong), path.
+ * age, from `now` in ms), command (for `invalid`: what is wrong), path;
+ * the texts {@linkcode printable}, so that a column is as wide as it shows.
  */
 export function lsCells(info: Info, now: number): string[] {
   return [
     info.state,
     info.pid === 0 ? "-" : String(info.pid),
-    info.host || "-",
+    printable(info.host) || "-",
     info.started ? ago(now - info.started.getTime()) : "-",
-    info.state === "invalid" ? info.reason ?? "-" : info.meta.cmd || "-",
-    info.path,
+    printable(
+      info.state === "invalid" ? info.reason ?? "" : info.meta.cmd ?? "",
+    ) || "-",
+    printable(info.path),
   ];
 }
 

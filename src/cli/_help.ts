@@ -65,6 +65,13 @@ ${described}
   table in place (on the alternate screen, given back when it ends); through
   a pipe it prints one line per change (--json: one JSON object a line).
 
+  A lock name, path, host or command that holds a character that does
+  not print (a control character such as ESC or a newline, DEL, U+202E),
+  or that begins with $', is shown quoted as bash reads $'...': \\n, \\r, \\t, \\xHH below U+0080 (\\x1b
+  is ESC), else \\uHHHH (\\u0085), with \\\\ and \\' for a backslash and a
+  quote; pasted into a shell, such a path names the same file. Any other
+  text is printed as it is. --json prints them exact.
+
 PostgreSQL (--db=URL, or RUNLOCK_DATABASE_URL for status, run and wait):
   the positional argument is a lock name (sync/main), held through a
   database session on postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE, for

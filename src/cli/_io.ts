@@ -6,7 +6,13 @@
  */
 
 import process from "node:process";
-import { clip, describeState, elapsed, type Info } from "./_format.ts";
+import {
+  clip,
+  describeState,
+  elapsed,
+  type Info,
+  printable,
+} from "./_format.ts";
 
 /**
  * Where {@linkcode main} writes: one line per call, without the newline.
@@ -94,11 +100,11 @@ export class Progress {
     // Short, and the waited time first: the line is cut to the terminal's
     // width, what the holder runs matters more than when it started, and
     // the path is the one the user just typed.
-    const where = info.host ? ` on ${info.host}` : "";
+    const where = info.host ? ` on ${printable(info.host)}` : "";
     const who = info.pid === 0
       ? describeState(info)
       : info.meta.cmd
-      ? `pid ${info.pid}${where} runs ${info.meta.cmd}`
+      ? `pid ${info.pid}${where} runs ${printable(info.meta.cmd)}`
       : `held by pid ${info.pid}${where}`;
     const text = `runlock: waiting ${
       elapsed(Date.now() - this.#start)

@@ -16,6 +16,7 @@ import {
   clock,
   type Info,
   lsCells,
+  printable,
   toJson,
 } from "./_format.ts";
 import type { CliIo } from "./_io.ts";
@@ -213,7 +214,7 @@ export class LiveTable implements Sink {
       if (c.inspection.state === "free") this.#rows.delete(c.path);
       else this.#rows.set(c.path, { ...c.inspection, path: c.path });
       if (c.kind !== "present") {
-        this.#last = `last: ${c.kind} ${this.#short(c.path)} at ${
+        this.#last = `last: ${c.kind} ${printable(this.#short(c.path))} at ${
           clock(new Date(), new Date())
         }`;
       }

@@ -22,6 +22,8 @@ import {
   type Info,
   lsCells,
   pidWarning,
+  printable,
+  printableErrors,
   toJson,
 } from "./_format.ts";
 import type { Command } from "./_help.ts";
@@ -150,7 +152,7 @@ function print(found: Info[], json: boolean, io: CliIo): void {
   }
   for (const info of found) {
     const warning = pidWarning(info);
-    if (warning) io.err(`runlock: ${info.path}: ${warning}`);
+    if (warning) io.err(`runlock: ${printable(info.path)}: ${warning}`);
   }
 }
 
@@ -172,7 +174,7 @@ async function ls(args: string[], io: CliIo): Promise<number> {
     // answer, as scan() gives, for a UI that polls it; said on stderr for a
     // person.
     if (kind === "missing" && !req.json) {
-      io.err(`runlock: ls: ${req.where} does not exist: no locks`);
+      io.err(`runlock: ls: ${printable(req.where)} does not exist: no locks`);
     }
     print(await scan(req.where, { recursive: req.recursive }), req.json, io);
     return 0;
@@ -192,11 +194,13 @@ async function ls(args: string[], io: CliIo): Promise<number> {
 /** What the live table's title says is watched. */
 function titleOf(req: Request): string {
   if (req.url === undefined) {
-    return `runlock ls --watch${
-      req.recursive ? " --recursive" : ""
-    } ${req.where}`;
+    return `runlock ls --watch${req.recursive ? " --recursive" : ""} ${
+      printable(req.where)
+    }`;
   }
-  const names = req.where === "" ? "every name" : `names under '${req.where}'`;
+  const names = req.where === ""
+    ? "every name"
+    : `names under '${printable(req.where)}'`;
   return `runlock ls --watch --db: ${names}, pg_locks polled every ${req.interval} ms`;
 }
 
@@ -260,7 +264,9 @@ async function live(req: Request, io: CliIo): Promise<number> {
     // The watch of a directory ends after the batch that reports the end
     // of its runs when the directory is removed or moved away.
     io.err(
-      `runlock: ls: ${req.where} is gone (removed or moved): nothing left to watch`,
+      `runlock: ls: ${
+        printable(req.where)
+      } is gone (removed or moved): nothing left to watch`,
     );
     return 1;
   }
@@ -294,5 +300,5 @@ Ends on Ctrl-C, SIGTERM or SIGHUP (exit 128+N), when <dir> is
 removed (exit 1, said on stderr), or at its next line after the
 reader of its output has gone (exit 0: ls --watch --json DIR |
 head -n 3).`,
-  run: ls,
+  run: printableErrors(ls),
 };

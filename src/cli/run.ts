@@ -14,7 +14,7 @@ import {
   databaseUrl,
   type HeldLock,
 } from "./_backend.ts";
-import { clip } from "./_format.ts";
+import { clip, printable, printableErrors } from "./_format.ts";
 import type { Command } from "./_help.ts";
 import { type CliIo, Progress } from "./_io.ts";
 import {
@@ -185,7 +185,9 @@ async function run(args: string[], io: CliIo): Promise<number> {
     const report = (reason: unknown, late: boolean) => {
       if (reported) return;
       reported = true;
-      const what = reason instanceof Error ? reason.message : String(reason);
+      const what = printable(
+        reason instanceof Error ? reason.message : String(reason),
+      );
       io.err(
         late
           ? `runlock: lost the lock before the command ended: ${what}`
@@ -221,7 +223,11 @@ async function run(args: string[], io: CliIo): Promise<number> {
       return await new Promise<number>((resolve) => {
         started.on("error", (err: Error & { code?: string }) => {
           exited = true;
-          io.err(`runlock: cannot run '${command[0]}': ${err.message}`);
+          io.err(
+            `runlock: cannot run '${printable(command[0])}': ${
+              printable(err.message)
+            }`,
+          );
           resolve(err.code === "ENOENT" ? 127 : 126);
         });
         started.on("exit", (status, signal) => {
@@ -288,7 +294,7 @@ async function take(
   } catch (err) {
     if (locks.isHeld(err)) {
       progress.done();
-      io.err(`runlock: ${err.message}`);
+      io.err(`runlock: ${printable(err.message)}`);
       return "held";
     }
     if (options.signal.aborted) return "stopped";
@@ -328,5 +334,5 @@ sends SIGTERM to the command's process group instead.
 If runlock itself is SIGKILLed, the kernel drops the lock at once
 while the command goes on running unguarded; status then reports
 the lock stale with runlock's pid.`,
-  run,
+  run: printableErrors(run),
 };

@@ -7,7 +7,13 @@
 
 import { onePath, parse } from "./_args.ts";
 import { backend, databaseUrl } from "./_backend.ts";
-import { describeState, pidWarning, toJson } from "./_format.ts";
+import {
+  describeState,
+  pidWarning,
+  printable,
+  printableErrors,
+  toJson,
+} from "./_format.ts";
 import type { Command } from "./_help.ts";
 import type { CliIo } from "./_io.ts";
 
@@ -30,7 +36,7 @@ async function status(args: string[], io: CliIo): Promise<number> {
       io.out(describeState(info));
       if (info.state !== "free") {
         for (const [key, value] of Object.entries(info.meta).sort()) {
-          if (key !== "cmd") io.out(`  ${key}=${value}`);
+          if (key !== "cmd") io.out(`  ${printable(key)}=${printable(value)}`);
         }
       }
       const warning = pidWarning(info);
@@ -56,5 +62,5 @@ from here.
 Exit 0 when a live run holds it, 1 when free or stale, 2 when the
 file is invalid or on error. --json prints the inspect() result
 (with meta, bootId, pidNamespace, pidValidHere, pidElsewhere).`,
-  run: status,
+  run: printableErrors(status),
 };

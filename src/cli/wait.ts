@@ -6,7 +6,7 @@
 
 import { onePath, parse, seconds } from "./_args.ts";
 import { backend, databaseUrl } from "./_backend.ts";
-import { describeState } from "./_format.ts";
+import { describeState, printable, printableErrors } from "./_format.ts";
 import type { Command } from "./_help.ts";
 import { type CliIo, Progress } from "./_io.ts";
 
@@ -36,7 +36,7 @@ async function wait(args: string[], io: CliIo): Promise<number> {
       if (left <= 0) {
         progress.done();
         io.err(
-          `runlock: timed out after ${timeout}s: ${name} is still ${
+          `runlock: timed out after ${timeout}s: ${printable(name)} is still ${
             describeState(info)
           }`,
         );
@@ -58,5 +58,5 @@ export const waitCommand: Command = {
   usage: "runlock wait [--timeout=SECONDS] [--db=URL] [--] <path|name>",
   help: `Wait until no live run holds the lock. Exit 0 then, 1 on timeout
 (saying on stderr who still holds it).`,
-  run: wait,
+  run: printableErrors(wait),
 };
