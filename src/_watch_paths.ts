@@ -15,6 +15,7 @@ import type { Handle } from "./platform/types.ts";
 import type { Inspection } from "./probes.ts";
 import {
   acquiring,
+  fdBudget,
   flockFree,
   freeInspection,
   hold,
@@ -43,6 +44,13 @@ const END_SLEEPS = [0, 1, 2, 4, 8, 16, 32, 64, 128, 250];
  * the kernel reports the close a moment before it drops the flock.
  */
 const CLOSE_SLEEPS = [0, 1, 2, 4, 8, 16, 32];
+/**
+ * Descriptors given back when the kept ones ran the process out of them
+ * (`EMFILE`): the runtime and the looks need some.
+ */
+const FD_MARGIN = 16;
+/** A look that ran out of descriptors is tried again after this (ms). */
+const UNKNOWN_MS = 250;
 
 /** A run at a path, as last reported. */
 export interface Run {
@@ -114,6 +122,9 @@ export class Paths {
   readonly runs = new Map<string, Run>();
   readonly #busy = new Map<string, Busy>();
   readonly #host: Host;
+  /** The held runs' descriptors kept open, and how many may be. */
+  #kept = 0;
+  #cap: number | undefined;
 
   constructor(host: Host) {
     this.#host = host;
@@ -191,6 +202,14 @@ export class Paths {
     closed: boolean,
   ): Promise<void> | void {
     if (this.#host.done) return;
+    if (seen.kind === "unknown") {
+      // Out of descriptors: nothing is known of the path; look again (and
+      // the re-scan looks too), never taking it for "not a lock".
+      this.#host.poll();
+      return sleep(UNKNOWN_MS).then(() => {
+        if (!this.#host.done && !d.dropped) return this.#again(path, d);
+      });
+    }
     const same = rep !== undefined && seen.kind !== "none" &&
       seen.ino === rep.ino && seen.run === rep.run;
     if (rep?.state === "held") {
@@ -288,6 +307,7 @@ export class Paths {
       this.diedNow(rep);
       const freeBefore = rep.fd !== undefined && flockFree(rep.fd);
       const seen = look(path);
+      if (seen.kind === "unknown") continue;
       const same = seen.kind !== "none" && seen.ino === rep.ino &&
         seen.run === rep.run;
       if (!same || seen.kind === "racing" || seen.found.state !== "held") {
@@ -400,7 +420,26 @@ export class Paths {
 
   /** A held run's read-only descriptor and close watch. */
   #watchRun(run: Run): void {
-    run.fd = hold(run.path, run.ino);
+    this.#cap ??= fdBudget(FD_MARGIN);
+    const fd = this.#kept < this.#cap ? hold(run.path, run.ino) : undefined;
+    if (fd === "EMFILE") {
+      // The kept descriptors ran the process out of them: keep fewer from
+      // now on, and give some back at once, so that the runtime and the
+      // looks have some. A run without one is re-scanned every second.
+      this.#cap = Math.max(0, this.#kept - FD_MARGIN);
+      for (const other of this.runs.values()) {
+        if (this.#kept <= this.#cap) break;
+        if (other.fd !== undefined) this.#unkeep(other);
+      }
+      this.#host.poll();
+      return;
+    }
+    run.fd = fd;
+    if (run.fd !== undefined) this.#kept++;
+    else if (this.#kept >= this.#cap) {
+      this.#host.poll();
+      return;
+    }
     if (run.fd === undefined) {
       // Replaced since the look, or out of descriptors: look again now,
       // and in every re-scan while it has none.
@@ -420,10 +459,18 @@ export class Paths {
   #toStale(run: Run): void {
     run.state = "stale";
     run.wake = undefined;
+    this.#unkeep(run);
+  }
+
+  /** Closes a run's descriptor and close watch (it is re-scanned instead). */
+  #unkeep(run: Run): void {
     run.unclose?.();
     run.unclose = undefined;
-    run.fd?.close();
-    run.fd = undefined;
+    if (run.fd !== undefined) {
+      run.fd.close();
+      run.fd = undefined;
+      this.#kept--;
+    }
   }
 
   untrack(run: Run): void {

@@ -6,7 +6,7 @@
  * @module
  */
 
-import { lockPath, type Probe } from "./_protocol.ts";
+import { errnoOf, lockPath, type Probe } from "./_protocol.ts";
 import { probe } from "./_probe.ts";
 import { platform as p } from "./platform/current.ts";
 import type { FileInfo, Handle } from "./platform/types.ts";
@@ -27,7 +27,25 @@ export type Seen =
   /** A runlock record (held or stale), and the inode it is in. */
   | { kind: "run"; found: Probe; ino: string; run: string }
   /** A dead PID under a held flock: a takeover of that record under way. */
-  | { kind: "racing"; found: Probe; ino: string; run: string };
+  | { kind: "racing"; found: Probe; ino: string; run: string }
+  /**
+   * Not known: the look ran out of descriptors (`EMFILE`, `ENFILE`). Look
+   * again later (the re-scan does); it says nothing of the path.
+   */
+  | { kind: "unknown" };
+
+/** Whether `err` (or its cause) is a lack of descriptors. */
+export function outOfFds(err: unknown): boolean {
+  for (let e = err, i = 0; e !== undefined && e !== null && i < 5; i++) {
+    const code = errnoOf(e) ?? (e as { code?: unknown }).code;
+    if (code === "EMFILE" || code === "ENFILE") return true;
+    if (/\b(EMFILE|ENFILE)\b|Too many open files/.test(String(e))) {
+      return true;
+    }
+    e = (e as { cause?: unknown }).cause;
+  }
+  return false;
+}
 
 /** `dev:ino` of a file, or `""`. */
 export function keyOf(info: FileInfo | null): string {
@@ -62,16 +80,29 @@ export function runOf(found: Probe): string {
  */
 export function look(path: string): Seen {
   for (let tries = 0;; tries++) {
-    const before = lstatOf(path);
+    let before: FileInfo | null;
+    try {
+      before = p.lstat(path);
+    } catch (err) {
+      if (outOfFds(err)) return { kind: "unknown" };
+      before = null;
+    }
     if (before === null) return { kind: "none", other: false };
     if (before.kind !== "file") return { kind: "none", other: true };
     let found: Probe;
     try {
       found = probe(lockPath(path, "watch"));
-    } catch {
+    } catch (err) {
+      if (outOfFds(err)) return { kind: "unknown" };
       return { kind: "none", other: true };
     }
-    const after = lstatOf(path);
+    let after: FileInfo | null;
+    try {
+      after = p.lstat(path);
+    } catch (err) {
+      if (outOfFds(err)) return { kind: "unknown" };
+      after = null;
+    }
     const ino = keyOf(before);
     if (ino !== keyOf(after) && tries < 4) continue;
     if (!found.marker) {
@@ -122,15 +153,18 @@ export function freeInspection(path: string): Inspection {
 /**
  * A read-only descriptor on the inode at `path`, when that inode is `ino`
  * (else `undefined`: the file changed since the look, or cannot be
- * opened: out of descriptors). Read-only: its close is no
+ * opened), `"EMFILE"` when out of descriptors. Read-only: its close is no
  * `IN_CLOSE_WRITE`, so it never looks like a holder's.
  */
-export function hold(path: string, ino: string): Handle | undefined {
+export function hold(
+  path: string,
+  ino: string,
+): Handle | undefined | "EMFILE" {
   let handle: Handle | "ENOENT";
   try {
     handle = p.openExisting(path);
-  } catch {
-    return undefined;
+  } catch (err) {
+    return outOfFds(err) ? "EMFILE" : undefined;
   }
   if (handle === "ENOENT") return undefined;
   let same = false;
@@ -144,6 +178,36 @@ export function hold(path: string, ino: string): Handle | undefined {
     return undefined;
   }
   return handle;
+}
+
+/**
+ * How many descriptors a watch may keep on held runs: half of those the
+ * process may still open (its soft `RLIMIT_NOFILE`, from
+ * `/proc/self/limits`, less those open in `/proc/self/fd`), and at least
+ * `margin` fewer, so that the runtime itself never runs out (Deno 2.9.6
+ * panics when it cannot get one). `Infinity` where neither can be read.
+ */
+export function fdBudget(margin: number): number {
+  let limit = Infinity;
+  let open = 0;
+  try {
+    const handle = p.openExisting("/proc/self/limits");
+    if (handle === "ENOENT") return Infinity;
+    let text: string;
+    try {
+      text = new TextDecoder().decode(handle.readAll(1 << 16));
+    } finally {
+      handle.close();
+    }
+    const m = /^Max open files\s+(\d+|unlimited)/m.exec(text);
+    if (m === null || m[1] === "unlimited") return Infinity;
+    limit = Number(m[1]);
+    open = p.readDir("/proc/self/fd").length;
+  } catch {
+    return Infinity;
+  }
+  const free = limit - open;
+  return Math.max(0, Math.min(Math.floor(free / 2), free - margin));
 }
 
 /**

@@ -267,8 +267,10 @@ export class Session implements AsyncIterableIterator<Change[]> {
         }
         if (kind !== "file" || TEMP_NAME.test(name)) continue;
         const seen = look(path);
-        if (seen.kind === "racing") racing.push([path, d]);
-        else if (seen.kind === "run") {
+        // In a takeover, or out of descriptors: look again below.
+        if (seen.kind === "racing" || seen.kind === "unknown") {
+          racing.push([path, d]);
+        } else if (seen.kind === "run") {
           present.push(this.#paths.adopt(path, d, seen));
         } else if (seen.other) d.others.add(name);
       }
@@ -277,12 +279,15 @@ export class Session implements AsyncIterableIterator<Change[]> {
     for (const [path, d] of racing) {
       let seen = look(path);
       for (const ms of RACING_SLEEPS) {
-        if (seen.kind !== "racing" || this.#phase === "done") break;
+        if (seen.kind !== "racing" && seen.kind !== "unknown") break;
+        if (this.#phase === "done") break;
         await sleep(ms);
         seen = look(path);
       }
       if (this.#phase !== "starting") return;
-      if (seen.kind !== "none") present.push(this.#paths.adopt(path, d, seen));
+      if (seen.kind === "run" || seen.kind === "racing") {
+        present.push(this.#paths.adopt(path, d, seen));
+      } else if (seen.kind === "unknown") this.#poll = true;
     }
     if (this.#phase !== "starting") return;
     present.sort((a, b) => a.path < b.path ? -1 : a.path > b.path ? 1 : 0);

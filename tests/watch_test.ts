@@ -20,7 +20,7 @@ import {
   watch,
   type WatchOptions,
 } from "../mod.ts";
-import { Child, deadPid, holder, tempDir } from "./_helpers.ts";
+import { Child, deadPid, fixtureCommand, holder, tempDir } from "./_helpers.ts";
 
 /** How long a wait for a change may take before the test calls it hung. */
 const HANG_MS = 120_000;
@@ -269,6 +269,49 @@ describe("watch()", () => {
     } finally {
       await w.close();
       await child.kill();
+      cleanup();
+    }
+  });
+
+  test("a watcher short of descriptors (ulimit -n 64) reports each of 100 runs started, then crashed, and lives on: a look that finds no descriptor is looked at again, and the kept ones leave the runtime some", async () => {
+    const { dir, cleanup } = tempDir();
+    const n = 100;
+    const [cmd, argv] = fixtureCommand("watcher.ts", ["follow", dir]);
+    const w = new Child("watcher.ts", argv, undefined, [
+      "sh",
+      "-c",
+      'ulimit -n 64 && exec "$@"',
+      "sh",
+      cmd,
+    ]);
+    let child: Child | undefined;
+    try {
+      assert.equal((await w.expect("first")).n, 0);
+      child = new Child("watch_many.ts", ["hold", dir, String(n), "0"]);
+      await child.expect("held");
+      const kinds = new Map<string, string[]>();
+      const count = (kind: string) =>
+        [...kinds.values()].filter((k) => k.at(-1) === kind).length;
+      const read = async (kind: string) => {
+        while (count(kind) < n) {
+          const e = await w.next();
+          assert.equal(e.event, "change", JSON.stringify([e, w.stderr]));
+          kinds.set(e.path as string, [
+            ...kinds.get(e.path as string) ?? [],
+            e.kind as string,
+          ]);
+        }
+      };
+      await read("started");
+      await child.kill("SIGKILL");
+      await read("crashed");
+      assert.equal(kinds.size, n);
+      for (const [path, k] of kinds) {
+        assert.deepEqual(k, ["started", "crashed"], path);
+      }
+    } finally {
+      await w.kill();
+      await child?.kill();
       cleanup();
     }
   });
