@@ -111,7 +111,15 @@ export interface WatchOptions {
  * (`break`, which calls `return()`), or after the batch that reports the
  * ends of the runs of a `dir` that was removed (or moved away); each frees
  * every watch and descriptor. While a `next()` is awaited the watch keeps
- * the process alive, as an awaited read does; otherwise it never does.
+ * the process alive, as an awaited read does. An iteration that is left
+ * without any of these (its `next()` never called again) may keep it alive
+ * too: on Deno always (a Deno directory watch cannot be unref'd), on Node
+ * and Bun while it watches a held run (the close watch on that run's
+ * file). So end every iteration: `break`, `return()` or `signal`.
+ *
+ * Short of descriptors (`EMFILE`), it keeps fewer: at most half of those
+ * the process may still open. A held run without one is looked at in the
+ * re-scan, every second; its end is then `released`, never `lost`.
  *
  * Permissions (Deno): `--allow-read` for `dir`.
  *
