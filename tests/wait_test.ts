@@ -205,72 +205,86 @@ describe("waiting", () => {
     "a waiter woken by its holder's release attempts at once: between the release and the link that takes the lock it looks nothing up at the lock's name (a look first cost the hand-off a cold probe, on Deno a throwing lstat: 0.2-0.3 ms) (strace)",
     { skip: hasStrace ? false : "needs strace(1) on Linux" },
     async () => {
-      const { dir, cleanup } = tempDir();
-      const path = join(dir, "run.lock");
-      const out = join(dir, "strace.out");
-      const first = await holder(path);
-      const [cmd, argv] = fixtureCommand("close_waiter.ts", [
-        path,
-        "60000",
-        "1",
-      ]);
-      // Traced: the calls that name a path, and the link.
-      const waiter = new Child("", [], undefined, [
-        "strace",
-        "-f",
-        "-qq",
-        "-e",
-        "trace=%file",
-        "-o",
-        out,
-        cmd,
-        ...argv,
-      ]);
-      // The calls of the waiter's main thread (where acquire runs; Deno's
-      // watch thread looks the name up too, on each event).
-      let main = "";
-      const named = () => {
-        // A call another thread interrupted is two lines: join them.
-        const calls: string[] = [];
-        let pending: string | undefined;
-        for (const line of readFileSync(out, "utf8").split("\n")) {
-          if (!line.startsWith(main)) continue;
-          const rest = line.slice(main.length);
-          if (rest.endsWith("<unfinished ...>")) {
-            pending = rest.slice(0, -"<unfinished ...>".length);
-          } else if (rest.startsWith("<... ")) {
-            calls.push(
-              `${pending ?? ""}${rest.replace(/^<\.\.\. \S+ resumed>/, "")}`,
-            );
-            pending = undefined;
-          } else calls.push(rest);
+      /**
+       * One hand-off under strace: the waiter's lookups of the name between
+       * the release and its link ([] when it attempted at once).
+       */
+      const round = async (): Promise<string[]> => {
+        const { dir, cleanup } = tempDir();
+        const path = join(dir, "run.lock");
+        const out = join(dir, "strace.out");
+        const first = await holder(path);
+        const [cmd, argv] = fixtureCommand("close_waiter.ts", [
+          path,
+          "60000",
+          "1",
+        ]);
+        // Traced: the calls that name a path, and the link.
+        const waiter = new Child("", [], undefined, [
+          "strace",
+          "-f",
+          "-qq",
+          "-e",
+          "trace=%file",
+          "-o",
+          out,
+          cmd,
+          ...argv,
+        ]);
+        // The calls of the waiter's main thread (where acquire runs; Deno's
+        // watch thread looks the name up too, on each event).
+        let main = "";
+        const named = () => {
+          // A call another thread interrupted is two lines: join them.
+          const calls: string[] = [];
+          let pending: string | undefined;
+          for (const line of readFileSync(out, "utf8").split("\n")) {
+            if (!line.startsWith(main)) continue;
+            const rest = line.slice(main.length);
+            if (rest.endsWith("<unfinished ...>")) {
+              pending = rest.slice(0, -"<unfinished ...>".length);
+            } else if (rest.startsWith("<... ")) {
+              calls.push(
+                `${pending ?? ""}${rest.replace(/^<\.\.\. \S+ resumed>/, "")}`,
+              );
+              pending = undefined;
+            } else calls.push(rest);
+          }
+          return calls.filter((call) => /[/"]run\.lock"/.test(call));
+        };
+        try {
+          main = `${(await waiter.expect("waiting")).pid} `;
+          // The first attempt's open of the holder's file and the first
+          // look's (O_PATH opens, Bun's watch, are neither): from then on the
+          // waiter sleeps at its cap.
+          await waitFor(
+            () =>
+              named().filter((l) => /open/.test(l) && !l.includes("O_PATH"))
+                .length >= 2,
+            "the waiter's first look",
+          );
+          const before = named().length;
+          first.send("release");
+          await waiter.expect("acquired");
+          const after = named().slice(before);
+          const link = after.findIndex((l) =>
+            /link/.test(l) && / = 0$/.test(l)
+          );
+          assert.ok(link >= 0, `no link:\n${after.join("\n")}`);
+          // Before: the look's lookup of the name, which found nothing.
+          return after.slice(0, link).filter((l) => /ENOENT/.test(l));
+        } finally {
+          await first.kill();
+          await waiter.kill();
+          cleanup();
         }
-        return calls.filter((call) => /[/"]run\.lock"/.test(call));
       };
-      try {
-        main = `${(await waiter.expect("waiting")).pid} `;
-        // The first attempt's open of the holder's file and the first
-        // look's (O_PATH opens, Bun's watch, are neither): from then on the
-        // waiter sleeps at its cap.
-        await waitFor(
-          () =>
-            named().filter((l) => /open/.test(l) && !l.includes("O_PATH"))
-              .length >= 2,
-          "the waiter's first look",
-        );
-        const before = named().length;
-        first.send("release");
-        await waiter.expect("acquired");
-        const after = named().slice(before);
-        const link = after.findIndex((l) => /link/.test(l) && / = 0$/.test(l));
-        assert.ok(link >= 0, `no link:\n${after.join("\n")}`);
-        // Before: the look's lookup of the name, which found nothing.
-        const looks = after.slice(0, link).filter((l) => /ENOENT/.test(l));
-        assert.deepEqual(looks, [], after.join("\n"));
-      } finally {
-        await first.kill();
-        await waiter.kill();
-        cleanup();
+      // A timed look of the waiter may fall on the release by chance (on a
+      // loaded machine the release can come late enough): once is chance,
+      // twice in a row is a look on every wake.
+      const looks = await round();
+      if (looks.length > 0) {
+        assert.deepEqual(await round(), [], looks.join("\n"));
       }
     },
   );
