@@ -87,7 +87,7 @@ export interface Event {
 
 /** A running fixture with a queue of the JSON events it prints. */
 /** How long a child may go without an event before the test calls it hung. */
-const HANG_MS = 180_000;
+export const HANG_MS = 180_000;
 
 export class Child {
   readonly proc: ChildProcess;

@@ -29,7 +29,14 @@ import {
   start,
   startWithInput,
 } from "./_cli.ts";
-import { deadPid, delay, holder, runtime, tempDir } from "./_helpers.ts";
+import {
+  deadPid,
+  HANG_MS,
+  holder,
+  runtime,
+  tempDir,
+  waitFor,
+} from "./_helpers.ts";
 
 const [cmd, ...pre] = cliCommand();
 
@@ -93,11 +100,6 @@ const FORWARDED = ([
 
 async function readyPid(command: Background): Promise<number> {
   return Number((await command.line(/^ready pid=\d+/)).match(/\d+/)![0]);
-}
-
-async function until(condition: () => boolean): Promise<void> {
-  for (let i = 0; i < 200 && !condition(); i++) await delay(25);
-  assert.ok(condition(), "timed out");
 }
 
 /** The CLI run in `cwd`. */
@@ -512,11 +514,19 @@ describe("runlock run", () => {
     try {
       pid = await readyPid(wrapper);
       wrapper.signal("SIGTSTP");
-      await until(() => /^T/.test(processState(wrapper.pid)));
+      await waitFor(
+        () => /^T/.test(processState(wrapper.pid)),
+        "runlock stopped",
+        HANG_MS,
+      );
       // runlock stops the command's group first, then itself; a stop takes
       // effect when the stopped process next runs, which on a loaded
       // machine can be after runlock's own.
-      await until(() => /^T/.test(processState(pid)));
+      await waitFor(
+        () => /^T/.test(processState(pid)),
+        "the command stopped",
+        HANG_MS,
+      );
       assert.equal(cli("status", path).code, 0, "the lock is held");
       wrapper.signal("SIGCONT");
       await wrapper.line(/^got SIGCONT 1$/);
@@ -1420,11 +1430,17 @@ describe("runlock run: a replacement that lands while run looks at its lock", ()
         await wrapper.line(/^ready$/);
         // strace writes a call's start when it enters it: the last line,
         // unfinished, is the read of the path held now.
-        await until(() => {
-          const last = readFileSync(log, "utf8").split("\n").filter(Boolean)
-            .at(-1) ?? "";
-          return last.includes(`"${path}"`) && !last.includes(" = ");
-        });
+        // How soon run's check comes depends on the machine's load, not on
+        // runlock: the limit only detects a hang.
+        await waitFor(
+          () => {
+            const last = readFileSync(log, "utf8").split("\n").filter(Boolean)
+              .at(-1) ?? "";
+            return last.includes(`"${path}"`) && !last.includes(" = ");
+          },
+          "a read of the lock's path held by strace",
+          HANG_MS,
+        );
         renameSync(other, path);
         await wrapper.line(/^got TERM$/);
         assert.equal((await wrapper.exited).code, 9, wrapper.stderr());
