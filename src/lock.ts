@@ -468,7 +468,8 @@ interface Sleeps {
  * more on a loaded machine: 50 waiters polling every 5 ms burnt both
  * cores). Deno's watch reports a holder's close (a SIGKILLed holder's
  * descriptor closed by the kernel: IN_CLOSE_WRITE, as "access"), so there
- * the looks can be rare. Node's and Bun's (libuv's inotify mask, Bun's)
+ * the looks can be rare (`WATCHED_MAX`; `max` only while it watches the
+ * directory instead, which does not report the close). Node's and Bun's (libuv's inotify mask, Bun's)
  * report no close: there a close watch (inotify's IN_CLOSE_WRITE, see
  * `platform/_close_node.ts`) reports it, on Linux, and the looks can be
  * as rare; elsewhere they are what finds a dead holder, and come at least
@@ -480,11 +481,18 @@ const ASYNC_SLEEPS: Sleeps = {
 };
 /** Deno: a waiter whose file was replaced watches the directory instead. */
 const DIR_WATCH = p.runtime === "deno";
+/**
+ * Deno's watch of the lock file reports its holder's close itself (the
+ * kernel's close of a dying holder's descriptor: IN_CLOSE_WRITE, as
+ * "access"), so no close watch is made beside it.
+ */
+const FILE_WATCH_SEES_CLOSE = p.runtime === "deno";
 /** The longest sleep of a waiter whose close watch is open. */
 const CLOSE_WATCHED_MAX = 1000;
 /**
  * The longest sleep of a waiter whose watches see both a release and the
- * death of its holder (a runlock holder on this host; Node and Bun). Each
+ * death of its holder (a runlock holder on this host; on Node and Bun with
+ * the close watch beside the file's, on Deno the file's alone). Each
  * look costs its process 0.3-1.3 ms of CPU, most of it the wake-up itself
  * (a bare timer's costs 0.3-1.4 ms here): at one look a second, 50 waiters
  * burnt 0.75-1.2 CPU-s in 6 s, most of it in looks. The watches are checked
@@ -524,10 +532,11 @@ interface Woken {
    */
   max?: number;
   /**
-   * Both watches are open (Node and Bun on Linux): the file's, and the
-   * holder's close through inotify. With a runlock holder on this host,
-   * the looks then grow to `WATCHED_MAX`: they only catch what the watches
-   * miss.
+   * The watches see both the file's end and its holder's close: on Node
+   * and Bun on Linux, the file's and the close watch through inotify; on
+   * Deno, the file's own (not the directory's). With a runlock holder on
+   * this host, the looks then grow to `WATCHED_MAX`: they only catch what
+   * the watches miss.
    */
   watched?: boolean;
 }
@@ -768,6 +777,9 @@ export async function acquire(
         listener = listen(target.pinned, target.name, onEvent, true);
       }
       stale = false;
+      // A holder's death is not among the directory's events: the looks
+      // find it, at most `sleeps.max` apart.
+      woken.watched = false;
       if (listener?.watching() !== true) return undefined;
       return fileKey(target.pinned, target.name) === key ? key : "";
     }
@@ -798,7 +810,8 @@ export async function acquire(
       if (made === "ENOENT") return "";
     }
     const watching = listener?.watching() === true;
-    woken.watched = watching && unclose !== undefined;
+    woken.watched = watching &&
+      (unclose !== undefined || FILE_WATCH_SEES_CLOSE);
     if (!watching) return undefined;
     // The watches are armed by path: on the file that is there now, which
     // may no longer be the one `key` named (or none: then no watch was
