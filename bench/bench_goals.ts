@@ -310,7 +310,9 @@ export function checkGoals(input: GoalInput): Goal[] {
       pass: w.idle.addedMsPerS <= 0.1,
       detail: `${fmt(w.idle.cpuMs)} ms of CPU over ${w.idle.ms} ms watching, ${
         fmt(w.idle.baselineCpuMs)
-      } ms over the same time after the watch ended`,
+      } ms over the same time after the watch ended (medians of ${w.idle.windows.length} windows: ${
+        w.idle.windows.map((x) => fmt(x)).join(", ")
+      }; after: ${w.idle.baselineWindows.map((x) => fmt(x)).join(", ")})`,
       issue: 19,
     });
   }
