@@ -649,7 +649,11 @@ function* acquireSteps(
           seenAt = performance.now();
           // Whether an event will tell of this holder's end: a runlock
           // record of this host, whose holder has the file open for writing.
-          seenKey = seen.marker && !seen.far && seen.pid > 0
+          // Not a dead PID under a held flock (`racing`): whoever holds the
+          // flock is not the record's writer (flock(1) on a crashed run's
+          // file, a taker's read-only descriptor), and its close is no
+          // IN_CLOSE_WRITE.
+          seenKey = seen.marker && !seen.far && !seen.racing && seen.pid > 0
             ? fileKey(target.pinned, target.name)
             : "";
           if (seenKey === "") seen = undefined;

@@ -265,6 +265,37 @@ describe("waiting", () => {
     }
   });
 
+  test("a waiter on a crashed run's record under another tool's flock (a dead PID under a held flock, taken on a read-only descriptor, whose close no event reports) looks at least every 250 ms", async () => {
+    const { dir, cleanup } = tempDir();
+    const path = join(dir, "run.lock");
+    const crashed = await holder(path);
+    await crashed.kill("SIGKILL");
+    // As flock(1) would: LOCK_EX on a read-only descriptor of the record
+    // the crashed run left. Its end is a close without IN_CLOSE_WRITE.
+    const locker = new Child("", [], undefined, [
+      "python3",
+      "-c",
+      "import fcntl,os,sys\nfd=os.open(sys.argv[1],os.O_RDONLY)\nfcntl.flock(fd,fcntl.LOCK_EX)\nprint('locked',flush=True)\nsys.stdin.read()",
+      path,
+    ]);
+    try {
+      assert.equal((await locker.next()).text, "locked");
+      const { result, timers } = await countingTimers(() =>
+        acquire(path, { timeout: 1_500 }).then(
+          () => undefined,
+          (err: unknown) => err,
+        )
+      );
+      assert.ok(result instanceof HeldError, String(result));
+      // Before: the record's marker and host made the looks trust an event
+      // that never comes, and sleep 1 s (Deno) or 5 s (Node, Bun).
+      assert.ok(Math.max(...timers) <= 250, `sleeps: ${timers}`);
+    } finally {
+      await locker.kill();
+      cleanup();
+    }
+  });
+
   test("abort rejects with the signal's reason and leaves no temp file", async () => {
     const { dir, cleanup } = tempDir();
     const path = join(dir, "run.lock");
