@@ -775,7 +775,8 @@ export async function acquire(
       // Not from the start: the directory's events include every other
       // waiter's attempts (their temp files), a wake-up of every waiting
       // process each (50 Deno waiters: 2.6 CPU-s instead of 1.0).
-      if (!byDir) {
+      if (!byDir || listener?.watching() !== true) {
+        // A watch refused (see `Platform.watchDir`) is asked for again.
         byDir = true;
         listener?.stop();
         listener = listen(target.pinned, target.name, onEvent, true);
@@ -807,7 +808,9 @@ export async function acquire(
       );
       woken.max = unclose === undefined ? undefined : CLOSE_WATCHED_MAX;
     }
-    if (listener?.key !== key) {
+    // A watch that could not be made (Deno refuses one for a while, see
+    // `Platform.watchDir`) is asked for again at each sleep.
+    if (listener?.key !== key || !listener.watching()) {
       listener?.stop();
       const made = listenFile(target.pinned, target.name, onEvent);
       listener = typeof made === "object" ? made : undefined;

@@ -287,6 +287,38 @@ class DenoHandle implements Handle {
   }
 }
 
+/**
+ * Deno's watches share one watcher per process, which counts the paths it
+ * watches: a `Deno.watchFs` of a path that is still watched, or whose
+ * watch was closed earlier in the same turn of the event loop (the close
+ * is processed after), arms nothing new. Where the file at the path was
+ * replaced since that watch was armed, the new watch reports nothing: 0
+ * events of 3 (an open for writing, its close, the unlink), and 3 of 3
+ * with one 0 ms timer between the close and the new watch, or with no
+ * replacement. So a watch of a path is refused while a watch of it armed
+ * on another identity (`dev:ino`) is open, and until a timer's turn after
+ * the close of its last watch, if the identity differs or the path is not
+ * a directory (ext4 gives a new file the inode number of one just freed:
+ * a file's identity cannot tell). The caller looks, and asks again at its
+ * next sleep.
+ */
+const watchedPaths = new Map<string, { key: string; open: number }>();
+const closedThisTurn = new Map<string, string>();
+let clearing: (() => void) | undefined;
+
+/**
+ * The identity of the directory at `path` now (`d` and `dev:ino`), of a
+ * file (`f`...), or `""`.
+ */
+function identityAt(path: string): string {
+  try {
+    const s = Deno.lstatSync(path);
+    return `${s.isDirectory ? "d" : "f"}${s.dev}:${s.ino}`;
+  } catch {
+    return "";
+  }
+}
+
 let hostnameCache: string | undefined;
 let identityCache: { boot: string; pidns: string } | undefined;
 let runGranted: boolean | undefined;
@@ -565,12 +597,23 @@ export const platform: Platform = {
     // persistent: false) keeps the process alive: measured on 2.9.6.
     if (!keepAlive) return undefined;
     let watcher: Deno.FsWatcher;
+    let key: string;
     try {
       need("read", dir, "watch");
+      key = identityAt(dir);
+      const armed = watchedPaths.get(dir)?.key;
+      if (armed !== undefined && armed !== key) return undefined;
+      const closed = closedThisTurn.get(dir);
+      if (closed !== undefined && (closed !== key || !key.startsWith("d"))) {
+        return undefined;
+      }
       watcher = Deno.watchFs(dir, { recursive: false });
     } catch {
       return undefined;
     }
+    const entry = watchedPaths.get(dir);
+    if (entry === undefined) watchedPaths.set(dir, { key, open: 1 });
+    else entry.open++;
     (async () => {
       try {
         for await (const event of watcher) {
@@ -581,7 +624,19 @@ export const platform: Platform = {
         // Closed or failed: the caller keeps polling.
       }
     })();
+    let closed = false;
     return () => {
+      if (closed) return;
+      closed = true;
+      const entry = watchedPaths.get(dir);
+      if (entry !== undefined && --entry.open === 0) {
+        watchedPaths.delete(dir);
+        closedThisTurn.set(dir, entry.key);
+      }
+      clearing ??= platform.unrefLater(() => {
+        clearing = undefined;
+        closedThisTurn.clear();
+      }, 0);
       try {
         watcher.close();
       } catch {
