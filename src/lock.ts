@@ -469,11 +469,11 @@ interface Sleeps {
  * cores). Deno's watch reports a holder's close (a SIGKILLed holder's
  * descriptor closed by the kernel: IN_CLOSE_WRITE, as "access"), so there
  * the looks can be rare (`WATCHED_MAX`; `max` only while it watches the
- * directory instead, which does not report the close). Node's and Bun's (libuv's inotify mask, Bun's)
- * report no close: there a close watch (inotify's IN_CLOSE_WRITE, see
- * `platform/_close_node.ts`) reports it, on Linux, and the looks can be
- * as rare; elsewhere they are what finds a dead holder, and come at least
- * every 250 ms.
+ * directory instead, which does not report the close). Node's and Bun's
+ * (libuv's inotify mask, Bun's) report no close: there a close watch
+ * (inotify's IN_CLOSE_WRITE, see `platform/_close_node.ts`) reports it, on
+ * Linux, and the looks can be as rare; elsewhere they are what finds a
+ * dead holder, and come at least every 250 ms.
  */
 const ASYNC_SLEEPS: Sleeps = {
   max: p.runtime === "deno" ? 1000 : 250,

@@ -224,6 +224,30 @@ export class Child {
   }
 }
 
+/**
+ * Fixture `name` run under `strace -f -qq`, tracing `calls` (a comma list)
+ * into the file `trace`.
+ */
+export function tracedFixture(
+  name: string,
+  args: string[],
+  trace: string,
+  calls: string,
+): Child {
+  const [cmd, argv] = fixtureCommand(name, args);
+  return new Child("", [], undefined, [
+    "strace",
+    "-f",
+    "-qq",
+    "-o",
+    trace,
+    "-e",
+    `trace=${calls}`,
+    cmd,
+    ...argv,
+  ]);
+}
+
 /** Starts a fixture holding the lock at `path`; resolves once it holds it. */
 export async function holder(path: string): Promise<Child> {
   const child = new Child("child.ts", ["hold", path]);

@@ -16,13 +16,7 @@ import { readdirSync, readFileSync, readlinkSync, statSync } from "node:fs";
 import { join } from "node:path";
 import process from "node:process";
 import { describe, test } from "node:test";
-import {
-  Child,
-  fixtureCommand,
-  runtime,
-  tempDir,
-  waitFor,
-} from "./_helpers.ts";
+import { Child, runtime, tempDir, tracedFixture, waitFor } from "./_helpers.ts";
 
 const here = new URL(".", import.meta.url).pathname;
 
@@ -48,18 +42,12 @@ async function pyHolder(path: string): Promise<Child> {
 
 /** fixtures/close_waiter.ts under strace, its trace written to `trace`. */
 function tracedWaiter(trace: string, args: string[]): Child {
-  const [cmd, argv] = fixtureCommand("close_waiter.ts", args);
-  return new Child("", [], undefined, [
-    "strace",
-    "-f",
-    "-qq",
-    "-o",
+  return tracedFixture(
+    "close_waiter.ts",
+    args,
     trace,
-    "-e",
-    "trace=inotify_add_watch,inotify_rm_watch,poll,epoll_ctl,read,openat,linkat,fcntl,dup,dup2,dup3,statx,newfstatat,lstat,stat",
-    cmd,
-    ...argv,
-  ]);
+    "inotify_add_watch,inotify_rm_watch,poll,epoll_ctl,read,openat,linkat,fcntl,dup,dup2,dup3,statx,newfstatat,lstat,stat",
+  );
 }
 
 interface CloseWatch {
