@@ -115,7 +115,11 @@ function fail(diagnostics: readonly ts.Diagnostic[]): void {
 rmSync(out, { recursive: true, force: true });
 
 // 1. Stage the sources with the Node platform swapped in.
-const SKIP = new Set(["src/platform/deno.ts", "src/platform/current.node.ts"]);
+const SKIP = new Set([
+  "src/platform/deno.ts",
+  "src/platform/_libc_deno.ts",
+  "src/platform/current.node.ts",
+]);
 const sources = [
   "mod.ts",
   ...walk(join(root, "src")).map((f) => relative(root, f)),

@@ -70,15 +70,18 @@ try {
 });
 
 /** Why the strace tests cannot run here, or false. */
-function straceSkip(): string | false {
-  if (runtime === "deno") {
+function straceSkip(on: "node" | "deno" = "node"): string | false {
+  if (on === "node" && runtime === "deno") {
     return "Node and Bun only: Deno makes its own system calls";
+  }
+  if (on === "deno" && runtime !== "deno") {
+    return "Deno only: Node and Bun have their own tests above";
   }
   if (
     process.platform !== "linux" ||
     (process.arch !== "x64" && process.arch !== "arm64")
   ) {
-    return `the *at() calls are made on Linux x86-64 and arm64 only, not ${process.platform} ${process.arch}`;
+    return `libc is called on Linux x86-64 and arm64 only, not ${process.platform} ${process.arch}`;
   }
   const r = spawnSync("strace", ["-qq", "-o", "/dev/null", "true"]);
   const why = r.error
@@ -119,10 +122,22 @@ const FILE_CALLS = [
   "close",
 ];
 
-/** Runs fixtures/inject_fixture.ts `mode path` under strace. */
-function traced(dir: string, mode: string, path: string): Traced {
+/**
+ * Runs fixtures/inject_fixture.ts `mode path` under strace (on Deno with
+ * `denoFlags`).
+ */
+function traced(
+  dir: string,
+  mode: string,
+  path: string,
+  denoFlags?: string[],
+): Traced {
   const out = join(dir, `${mode}.trace`);
-  const [cmd, args] = fixtureCommand("inject_fixture.ts", [mode, path]);
+  const [cmd, args] = fixtureCommand(
+    "inject_fixture.ts",
+    [mode, path],
+    denoFlags,
+  );
   const r = spawnSync("strace", [
     "-qq",
     "-y",
@@ -261,6 +276,61 @@ describe("the *at() calls on the pinned directory", {
         [],
         show(t),
       );
+    } finally {
+      cleanup();
+    }
+  });
+});
+
+describe("Deno's lstat through libc", { skip: straceSkip("deno") }, () => {
+  test("held() and inspect() of a free lock with --allow-ffi: one fstatat of the path, not following a symlink, whose ENOENT is the answer 'free' (no exception in Deno)", () => {
+    const { dir: tmp, cleanup } = tempDir();
+    try {
+      const dir = realpathSync(tmp);
+      const path = join(dir, "run.lock");
+      const t = traced(dir, "probe", path);
+      assert.deepEqual(t.steps.map((s) => [s.step, s.ok, s.state]), [
+        ["probe", true, "free"],
+      ]);
+      assert.equal(t.calls.length, 1, show(t));
+      assert.match(
+        t.calls[0],
+        new RegExp(
+          `^newfstatat\\(AT_FDCWD(?:<[^>]*>)?, "${
+            path.replace(/[.*+?^${}()|[\]\\]/g, "\\$&")
+          }", 0x[0-9a-f]+, AT_SYMLINK_NOFOLLOW\\) = -1 ENOENT `,
+        ),
+        show(t),
+      );
+    } finally {
+      cleanup();
+    }
+  });
+
+  test("without --allow-ffi, or with reading scoped, the probe asks Deno's own lstat (statx), and answers the same", () => {
+    const { dir: tmp, cleanup } = tempDir();
+    try {
+      const dir = realpathSync(tmp);
+      const path = join(dir, "run.lock");
+      for (
+        const flags of [
+          ["--allow-read", "--allow-write", "--allow-env", "--allow-run"],
+          [
+            `--allow-read=${dir}`,
+            "--allow-write",
+            "--allow-env",
+            "--allow-ffi",
+          ],
+        ]
+      ) {
+        const t = traced(dir, "probe", path, flags);
+        assert.deepEqual(t.steps.map((s) => [s.step, s.ok, s.state]), [
+          ["probe", true, "free"],
+        ], show(t));
+        const onPath = t.calls.filter((l) => l.includes(`"${path}"`));
+        assert.ok(onPath.length > 0, show(t));
+        assert.ok(onPath.every((l) => l.startsWith("statx(")), show(t));
+      }
     } finally {
       cleanup();
     }

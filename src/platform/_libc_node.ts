@@ -21,6 +21,13 @@ import { createRequire } from "node:module";
 import { constants as osc } from "node:os";
 import process from "node:process";
 import { getSystemErrorMap } from "node:util";
+import {
+  decodeStat,
+  STAT_BYTES,
+  STAT_LAYOUT,
+  STAT_VER as STAT_VERS,
+  statIsFile as isFile,
+} from "./_stat.ts";
 import { type FileInfo, SysError } from "./types.ts";
 
 /**
@@ -74,63 +81,25 @@ const ERRNO_LOCATION: Partial<Record<NodeJS.Platform, string>> = {
   netbsd: "__errno",
 };
 
-/**
- * `struct stat` as Linux returns it (glibc, musl: the kernel's layout), for
- * the architectures whose layout is written here. Offsets of st_dev and
- * st_ino (both 0 and 8), st_mode, st_uid, st_size. Elsewhere (macOS, the
- * BSDs, other CPUs) the `*at()` path stays off and `node:fs` serves.
- */
-const STAT_LAYOUT: Record<string, { mode: number; uid: number; size: number }> =
-  {
-    x64: { mode: 24, uid: 28, size: 48 }, // arch/x86/include/uapi/asm/stat.h
-    arm64: { mode: 16, uid: 24, size: 48 }, // include/uapi/asm-generic/stat.h
-  };
 const layout = process.platform === "linux"
   ? STAT_LAYOUT[process.arch]
   : undefined;
 
-/**
- * How `fstatat` and `fstat` are had: as those symbols (glibc 2.33 and
- * later, musl), or through `__fxstatat64`/`__fxstat64` with glibc's
- * `_STAT_VER` (glibc before 2.33 had no `fstatat`/`fstat` symbols, only
- * these: Debian 11, Ubuntu 20.04, RHEL 8). Either way the same struct.
- */
 type Stat = "stat" | "xstat";
-const STAT_VER = process.arch === "x64" ? 1 : 0; // _STAT_VER_LINUX, _KERNEL
+const STAT_VER = STAT_VERS[process.arch] ?? 0;
 
-// One buffer for every stat (the kernel's struct stat is 144 bytes on
-// x86-64, 128 on arm64): no allocation per call.
-const statBuf = new Uint8Array(256);
+// One buffer for every stat: no allocation per call.
+const statBuf = new Uint8Array(STAT_BYTES);
 const statView = new DataView(statBuf.buffer);
-
-const S_IFMT = 0o170000;
 
 /** Whether the last successful `fstatat`/`fstat` found a regular file. */
 export function statIsFile(): boolean {
-  return (statView.getUint32(layout!.mode, true) & S_IFMT) === 0o100000;
+  return isFile(statView, layout!);
 }
 
 /** The last successful `fstatat`/`fstat`, decoded. */
 export function statInfo(): FileInfo {
-  const l = layout!;
-  const mode = statView.getUint32(l.mode, true);
-  const type = mode & S_IFMT;
-  return {
-    // Two 32-bit halves: as exact as node:fs's numbers (a double each).
-    dev: statView.getUint32(0, true) + statView.getUint32(4, true) * 2 ** 32,
-    ino: statView.getUint32(8, true) + statView.getUint32(12, true) * 2 ** 32,
-    size: statView.getUint32(l.size, true) +
-      statView.getInt32(l.size + 4, true) * 2 ** 32,
-    mode: mode & 0o7777,
-    uid: statView.getUint32(l.uid, true),
-    kind: type === 0o100000
-      ? "file"
-      : type === 0o040000
-      ? "directory"
-      : type === 0o120000
-      ? "symlink"
-      : "other",
-  };
+  return decodeStat(statView, layout!);
 }
 
 const isBun = typeof (globalThis as { Bun?: unknown }).Bun !== "undefined";

@@ -9,6 +9,7 @@
  * @module
  */
 
+import { lstatLibc } from "./_libc_deno.ts";
 import {
   type Dir,
   type FileInfo,
@@ -349,17 +350,12 @@ function openExisting(path: string): Handle | "ENOENT" {
   // descriptor: if the path was swapped between the two calls, report it
   // as gone and let the caller retry.
   need("read", parent(path), "open");
-  let before: Deno.FileInfo;
-  try {
-    before = Deno.lstatSync(path);
-  } catch (err) {
-    if (err instanceof Deno.errors.NotFound) return "ENOENT";
-    throw sysError(err, "lstat", path);
-  }
-  if (before.isSymlink) {
+  const before = lstatChecked(path);
+  if (before === null) return "ENOENT";
+  if (before.kind === "symlink") {
     throw new SysError("ELOOP", "open", `open '${path}': is a symlink`);
   }
-  if (!before.isFile) {
+  if (before.kind !== "file") {
     throw new SysError(
       "EFTYPE",
       "open",
@@ -375,7 +371,7 @@ function openExisting(path: string): Handle | "ENOENT" {
   }
   const handle = new DenoHandle(file, path);
   const after = handle.stat();
-  if (after.dev !== before.dev || after.ino !== (before.ino ?? 0)) {
+  if (after.dev !== before.dev || after.ino !== before.ino) {
     handle.close();
     throw new SysError("ERACE", "open", `open '${path}': replaced`);
   }
@@ -383,8 +379,30 @@ function openExisting(path: string): Handle | "ENOENT" {
 }
 
 function lstat(path: string): FileInfo | null {
+  need("read", parent(path), "lstat");
+  return lstatChecked(path);
+}
+
+/**
+ * `lstat(2)` once the read permission is checked: through libc where the
+ * FFI may be used (a missing file is then no exception), else Deno's op.
+ */
+function lstatChecked(path: string): FileInfo | null {
+  const fast = lstatLibc(path);
+  if (typeof fast === "number") {
+    // As Deno words the errors it does not name (sysError reads it back).
+    const name = ERRNO[fast];
+    if (name !== undefined) {
+      throw new SysError(
+        name,
+        "lstat",
+        `lstat '${path}': ${name} (os error ${fast})`,
+      );
+    }
+  } else if (fast !== undefined) {
+    return fast;
+  }
   try {
-    need("read", parent(path), "lstat");
     return info(Deno.lstatSync(path));
   } catch (err) {
     if (err instanceof Deno.errors.NotFound) return null;
