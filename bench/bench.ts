@@ -61,7 +61,7 @@ import {
   stagePackage,
   transpileWorker,
 } from "./bench_setup.ts";
-import { checkGoals, fmt, type Goal } from "./bench_goals.ts";
+import { checkGoals, fmt, type Goal, median } from "./bench_goals.ts";
 import { type ScaleSection, scaleSection, scaleTables } from "./bench_scale.ts";
 import { auditSyscalls, type SyscallAudit } from "./bench_syscalls.ts";
 import { type WatchResult, watchSection } from "./bench_watch.ts";
@@ -280,12 +280,6 @@ interface Group {
 }
 
 const groups: Group[] = [];
-const median = (xs: number[]) => {
-  const s = [...xs].sort((a, b) => a - b);
-  return s.length % 2
-    ? s[s.length >> 1]
-    : (s[s.length / 2 - 1] + s[s.length / 2]) / 2;
-};
 const quantile = (xs: number[], q: number) => {
   const s = [...xs].sort((a, b) => a - b);
   return s[Math.min(s.length - 1, Math.floor(q * s.length))];
@@ -600,7 +594,7 @@ async function handoff(): Promise<void> {
           rows.push({
             id: `${name}:floor:kill`,
             label:
-              `${who}: C floor, a C waiter in flock(LOCK_EX), after SIGKILL`,
+              `${who}: C floor, a C waiter in flock(LOCK_EX) on the holder's other lock, after the same SIGKILL`,
             kind: "floor",
             runtime: name,
             unit: "ms",
@@ -625,14 +619,14 @@ async function handoff(): Promise<void> {
             kind,
             samples: ms.map(round3),
             max: round3(Math.max(...ms)),
-            // Each sample less the floor's sample taken next to it (floor k
-            // beside samples 2k and 2k+1): the holder's teardown varies
-            // from kill to kill (bimodal here, 6 or 20 ms), which a
-            // difference of two medians of a few samples does not cancel.
+            // Each sample less the floor's from the same SIGKILL: the
+            // holder's teardown varies from kill to kill (bimodal for a
+            // Node holder, about 4 or 17 ms), which a difference of two
+            // medians of a few samples does not cancel.
             ...(floorMs?.length
               ? {
                 aboveFloorMs: (ms as number[]).map((x: number, i: number) =>
-                  round3(x - floorMs[Math.min(i >> 1, floorMs.length - 1)])
+                  round3(x - floorMs[i])
                 ),
               }
               : {}),
@@ -647,7 +641,7 @@ async function handoff(): Promise<void> {
     title: "hand-off latency (median of samples; waiter in another process)",
     rows,
     note:
-      `release: from the waiter's "release" request to the holder process until the waiter's acquire resolves (an upper bound: it includes the holder's wake-up); kill: from SIGKILL of the holder. proper-lockfile waits with retries every 1-10 ms (runlock's poll bounds) and stale: 2000 ms, its minimum (default 10 s); a SIGKILLed holder's kernel teardown is part of every "kill" figure: the kernel closes a dying process's files only after tearing down its address space, so the C floor (the same runtime's holder, SIGKILLed while a C process waits in flock(LOCK_EX) on its file, its samples interleaved with runlock's) is the physical floor of a hand-off after SIGKILL`,
+      `release: from the waiter's "release" request to the holder process until the waiter's acquire resolves (an upper bound: it includes the holder's wake-up); kill: from SIGKILL of the holder. proper-lockfile waits with retries every 1-10 ms (runlock's poll bounds) and stale: 2000 ms, its minimum (default 10 s); a SIGKILLed holder's kernel teardown is part of every "kill" figure: the kernel closes a dying process's files only after tearing down its address space, so the C floor (a C process waiting in flock(LOCK_EX) on a second lock of the same holder, in another directory, woken by the same SIGKILL) is the physical floor of each hand-off after SIGKILL`,
   });
 }
 

@@ -22,7 +22,7 @@
 import { type ChildProcess, spawn } from "node:child_process";
 import { closeSync, mkdirSync, openSync, statSync } from "node:fs";
 import { createRequire } from "node:module";
-import { join } from "node:path";
+import { basename, dirname, join } from "node:path";
 import process from "node:process";
 import { createInterface } from "node:readline";
 
@@ -308,8 +308,13 @@ function lineReader(child: ChildProcess): () => Promise<string> {
   };
 }
 
-function spawnHolder(mode: string, path: string): ChildProcess {
-  return spawn(self[0], [...self.slice(1), mode, path], {
+function spawnHolder(
+  mode: string,
+  path: string,
+  also?: string,
+): ChildProcess {
+  const args = also === undefined ? [mode, path] : [mode, path, also];
+  return spawn(self[0], [...self.slice(1), ...args], {
     stdio: ["pipe", "pipe", "inherit"],
     env: process.env,
   });
@@ -323,9 +328,10 @@ interface HandoffRequest {
   /** How long the waiter waits before the holder lets go, in ms. */
   settle: number;
   /**
-   * kill: the C floor's binary (bench/floor.c). Each sample is then paired
-   * with one of the floor, in alternating order: the same holder, SIGKILLed
-   * while a C process waits in flock(LOCK_EX) on its file.
+   * kill: the C floor's binary (bench/floor.c). Each sample then has the
+   * floor's beside it, from the same SIGKILL: the holder also holds a
+   * second lock (in another directory), on whose file a C process waits in
+   * flock(LOCK_EX).
    */
   floor?: string;
 }
@@ -339,38 +345,31 @@ function exited(child: ChildProcess): Promise<void> {
 }
 
 /**
- * The floor of a hand-off after SIGKILL: from the holder's SIGKILL to the
- * line "woke" of a C process blocked in flock(LOCK_EX) on its file (the
- * kernel wakes it as it closes the dead holder's descriptor, after the
- * holder's teardown). The same holder as runlock's sample, measured the
- * same way (the line is read by this process, as runlock's acquire
- * resolves in it).
+ * The floor of a hand-off after SIGKILL, made ready: a C process blocked in
+ * flock(LOCK_EX) on `path` (the holder's second lock), whose line "woke"
+ * comes when the kernel closes the dead holder's descriptor, after the
+ * holder's teardown. Resolves, once it is waiting, to its wake-up (read by
+ * this process, as runlock's acquire resolves in it) and its end.
  */
-async function floorKill(req: HandoffRequest): Promise<number> {
-  const holder = spawnHolder("hold", req.path);
-  try {
-    const next = lineReader(holder);
-    const line = await next();
-    if (line !== "held") throw new Error(`holder said ${line}`);
-    const c = spawn(req.floor!, ["waitlock", req.path], {
-      stdio: ["pipe", "pipe", "inherit"],
-    });
-    try {
-      const woke = lineReader(c);
-      if (await woke() !== "waiting") throw new Error("floor waitlock failed");
-      await sleep(req.settle + Math.random() * 10);
-      const t0 = performance.now();
-      holder.kill("SIGKILL");
-      if (await woke() !== "woke") throw new Error("floor waitlock failed");
-      return performance.now() - t0;
-    } finally {
+async function floorWaiter(
+  binary: string,
+  path: string,
+): Promise<{ woke: () => Promise<number>; end: () => Promise<void> }> {
+  const c = spawn(binary, ["waitlock", path], {
+    stdio: ["pipe", "pipe", "inherit"],
+  });
+  const line = lineReader(c);
+  if (await line() !== "waiting") throw new Error("floor waitlock failed");
+  return {
+    woke: async () => {
+      if (await line() !== "woke") throw new Error("floor waitlock failed");
+      return performance.now();
+    },
+    end: async () => {
       c.stdin!.end();
       await exited(c);
-    }
-  } finally {
-    holder.kill("SIGKILL");
-    await exited(holder);
-  }
+    },
+  };
 }
 
 /**
@@ -395,28 +394,41 @@ async function handoff(
   const ms: number[] = [];
   const floor: number[] = [];
   const paired = req.kind === "kill" && req.floor !== undefined && !pl;
+  // The floor's lock: in a directory of its own, so that its events never
+  // reach the waiter's watch.
+  const floorPath = paired
+    ? join(`${dirname(req.path)}-floor`, basename(req.path))
+    : undefined;
+  if (floorPath) mkdirSync(dirname(floorPath), { recursive: true });
   let holder: ChildProcess | undefined;
   let next: (() => Promise<string>) | undefined;
   try {
     for (let i = 0; i < req.samples; i++) {
-      if (paired && i % 2 === 0) floor.push(await floorKill(req));
       if (holder === undefined || req.kind === "kill") {
-        holder = spawnHolder(mode, req.path);
+        holder = spawnHolder(mode, req.path, floorPath);
         next = lineReader(holder);
       } else {
         holder.stdin!.write("acquire\n");
       }
       const line = await next!();
       if (line !== "held") throw new Error(`holder said ${line}`);
+      const c = floorPath
+        ? await floorWaiter(req.floor!, floorPath)
+        : undefined;
       const pending = wait();
       // A random phase, so that a SIGKILL does not always land at the same
       // point of the waiter's poll schedule.
       await sleep(req.settle + Math.random() * 10);
+      const woke = c?.woke();
       const t0 = performance.now();
       if (req.kind === "kill") holder.kill("SIGKILL");
       else holder.stdin!.write("release\n");
       const release = await pending;
       ms.push(performance.now() - t0);
+      if (c) {
+        floor.push((await woke!) - t0);
+        await c.end();
+      }
       await release();
       if (req.kind === "kill") {
         const dead = holder;
@@ -427,7 +439,6 @@ async function handoff(
       } else if (await next!() !== "released") {
         throw new Error("holder did not release");
       }
-      if (paired && i % 2 === 1) floor.push(await floorKill(req));
     }
   } finally {
     holder?.kill("SIGKILL");
@@ -435,8 +446,13 @@ async function handoff(
   return paired ? { ms, floorMs: floor } : { ms };
 }
 
-async function hold(path: string, pl: boolean): Promise<void> {
+/**
+ * Holds `path` (and `also`, the floor's lock, when given) until told to
+ * release, or SIGKILLed.
+ */
+async function hold(path: string, pl: boolean, also?: string): Promise<void> {
   const inc = pl ? incumbents()! : undefined;
+  if (also !== undefined) await lib.acquire(also);
   const take = async (): Promise<() => Promise<void>> => {
     if (inc) return await inc.pl.lock(path, { stale: PL_STALE });
     const lock: Lock = await lib.acquire(path);
@@ -582,9 +598,9 @@ async function serve(): Promise<void> {
   }
 }
 
-const [mode, arg] = process.argv.slice(2);
+const [mode, arg, also] = process.argv.slice(2);
 if (mode === "serve") await serve();
-else if (mode === "hold") await hold(arg, false);
+else if (mode === "hold") await hold(arg, false, also);
 else if (mode === "hold-pl") await hold(arg, true);
 else if (mode === "contend") await contend(JSON.parse(arg));
 else if (mode === "audit") await audit(JSON.parse(arg));
