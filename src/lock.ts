@@ -202,6 +202,8 @@ class RunLock implements Lock {
     if (this.#handle === undefined) return;
     if (!this.#watching) {
       this.#watching = true;
+      // Before the watch: its inotify descriptor must come below ours.
+      this.#handle.closeFirstAtExit();
       const target = this.#target;
       // Where the directory is pinned by a descriptor, its path can move
       // away from the lock (the directory renamed, another made in its

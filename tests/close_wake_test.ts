@@ -436,3 +436,48 @@ describe("waiters follow the lock file from holder to holder", {
     }
   });
 });
+
+describe("a holder's flock is the first thing its death lets go of", {
+  skip: process.platform !== "linux"
+    ? "Linux only (/proc/PID/fd, inotify)"
+    : runtime === "deno"
+    ? "a Deno holder makes no inotify instance (its watch would keep the process alive)"
+    : false,
+}, () => {
+  test("a holder's lock descriptor is numbered above its watch's inotify descriptor (the kernel closes a dying process's files from the highest down; an inotify close waits an RCU grace period, up to 20 ms)", async () => {
+    const { dir, cleanup } = tempDir();
+    const path = join(dir, "run.lock");
+    const holder = new Child("child.ts", ["hold", path]);
+    try {
+      await holder.expect("acquired");
+      const fds = `/proc/${holder.pid}/fd`;
+      const lock = statSync(path).ino;
+      /** The holder's descriptors: the lock file's, and inotify's. */
+      const numbers = () => {
+        const got = { lock: [] as number[], inotify: [] as number[] };
+        for (const fd of readdirSync(fds)) {
+          try {
+            if (readlinkSync(`${fds}/${fd}`) === "anon_inode:inotify") {
+              got.inotify.push(Number(fd));
+            } else if (statSync(`${fds}/${fd}`).ino === lock) {
+              got.lock.push(Number(fd));
+            }
+          } catch {
+            // Closed meanwhile.
+          }
+        }
+        return got;
+      };
+      // The holder's watch begins once its event loop turns.
+      await waitFor(() => numbers().inotify.length > 0, "the holder's watch");
+      const { lock: ours, inotify } = numbers();
+      assert.equal(ours.length, 1, JSON.stringify({ ours, inotify }));
+      for (const fd of inotify) {
+        assert.ok(fd < ours[0], JSON.stringify({ ours, inotify }));
+      }
+    } finally {
+      await holder.kill();
+      cleanup();
+    }
+  });
+});

@@ -11,6 +11,7 @@
  */
 
 import { constants as fsc, fstatSync, realpathSync, statSync } from "node:fs";
+import { release } from "node:os";
 import process from "node:process";
 import {
   AT_FDCWD,
@@ -153,6 +154,25 @@ class FdHandle implements Handle {
     }
   }
 
+  closeFirstAtExit(): void {
+    if (!LAST_IN_FIRST_OUT || this.#fd < 0) return;
+    const l = fast!;
+    // 1024 and up, or 256 and up where the limit of descriptors is lower
+    // (EINVAL); anything else (EMFILE) keeps the descriptor as it is.
+    for (const min of [1024, 256]) {
+      if (this.#fd >= min) return;
+      const high = l.dupfd(this.#fd, min);
+      if (high >= 0) {
+        // The flock is the open file's, which `high` keeps open: closing
+        // the old number drops nothing and reports no close to waiters.
+        l.close(this.#fd);
+        this.#fd = high;
+        return;
+      }
+      if (l.errno() !== EINVAL) return;
+    }
+  }
+
   close(): void {
     if (this.#fd < 0) return;
     // Linux frees the descriptor (and the flock) whatever close returns.
@@ -160,6 +180,18 @@ class FdHandle implements Handle {
     this.#fd = -1;
   }
 }
+
+/**
+ * Whether the kernel closes a dying process's files from its highest
+ * descriptor down: Linux 4.3 and later (commit c82199061009, "task_work:
+ * remove fifo ordering guarantee"; before it, from the lowest up, where
+ * the descriptor had best stay low).
+ */
+const LAST_IN_FIRST_OUT = (() => {
+  const [major, minor] = release().split(".").map((n) => parseInt(n, 10));
+  return major > 4 || (major === 4 && minor >= 3);
+})();
+const EINVAL = 22;
 
 /**
  * Opens the existing regular file `name` relative to `dirfd` (`dir` names

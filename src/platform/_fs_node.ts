@@ -133,6 +133,11 @@ class FsHandle implements Handle {
     }
   }
 
+  closeFirstAtExit(): void {
+    // node:fs has no F_DUPFD; this path serves where the *at() calls are
+    // off (not Linux x86-64 or arm64).
+  }
+
   close(): void {
     if (this.#fd === undefined) return;
     const fd = this.#fd;

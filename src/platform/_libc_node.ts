@@ -50,6 +50,8 @@ export interface Libc {
   pread(fd: number, buf: Uint8Array, count: number, offset: number): number;
   write(fd: number, buf: Uint8Array, count: number): number;
   fchmod(fd: number, mode: number): number;
+  /** `fcntl(fd, F_DUPFD_CLOEXEC, min)` (variadic in C: declared so). */
+  dupfd(fd: number, min: number): number;
   close(fd: number): number;
   /** `kill(pid, sig)`: with 0, whether the process exists (and may be signalled). */
   kill(pid: number, sig: number): number;
@@ -62,6 +64,7 @@ export const AT_FDCWD = -100;
 export const AT_SYMLINK_NOFOLLOW = 0x100;
 export const O_CLOEXEC = 0o2000000;
 export const O_PATH = 0o10000000;
+const F_DUPFD_CLOEXEC = 1030;
 
 /** The names libc goes by, per OS, in the order they are tried. */
 export const LIBC: Partial<Record<NodeJS.Platform, string[]>> = {
@@ -126,6 +129,7 @@ const NO_AT = {
   pread: () => -1,
   write: () => -1,
   fchmod: () => -1,
+  dupfd: () => -1,
   close: () => -1,
   kill: () => -1,
 };
@@ -184,6 +188,8 @@ function bindBun(name: string, at: Stat | false): Libc {
         pread: { args: [i32, "ptr", "u64", "i64"], returns: i32 },
         write: { args: [i32, "ptr", "u64"], returns: i32 },
         fchmod: { args: [i32, "u32"], returns: i32 },
+        // Variadic in C; its third argument passed as openat's mode is.
+        fcntl: { args: [i32, i32, i32], returns: i32 },
         close: { args: [i32], returns: i32 },
         kill: { args: [i32, i32], returns: i32 },
       }
@@ -243,6 +249,7 @@ function bindBun(name: string, at: Stat | false): Libc {
     pread: s.pread as Fn,
     write: s.write as Fn,
     fchmod: s.fchmod as Fn,
+    dupfd: (fd, min) => (s.fcntl as Fn)(fd, F_DUPFD_CLOEXEC, min),
     close: s.close as Fn,
     kill: s.kill as Fn,
   };
@@ -276,12 +283,14 @@ function bindKoffi(name: string, at: Stat | false): Libc {
     fstatat = (dirfd, path, st, flags) => xat(STAT_VER, dirfd, path, st, flags);
     fstat = (fd, st) => xfd(STAT_VER, fd, st);
   }
+  const fcntl = lib.func("int fcntl(int fd, int cmd, ...)");
   return {
     at: true,
     flock,
     errno,
     openat: (dirfd, path, flags, mode) =>
       openat(dirfd, path, flags, "int", mode),
+    dupfd: (fd, min) => fcntl(fd, F_DUPFD_CLOEXEC, "int", min),
     linkat: (dirfd, from, to) => linkat(dirfd, from, dirfd, to, 0),
     unlinkat: (dirfd, path) => unlinkat(dirfd, path, 0),
     fstatat: (dirfd, path, flags) => fstatat(dirfd, path, statBuf, flags),

@@ -279,6 +279,11 @@ class DenoHandle implements Handle {
     }
   }
 
+  closeFirstAtExit(): void {
+    // Deno names no descriptor, and a Deno holder makes no inotify
+    // instance (its watch would keep the process alive: see watchDir).
+  }
+
   close(): void {
     try {
       this.#file.close();

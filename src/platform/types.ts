@@ -45,6 +45,17 @@ export interface Handle {
   stat(): FileInfo;
   /** `fchmod(fd, mode)` (or the runtime's nearest equivalent). */
   chmod(mode: number): void;
+  /**
+   * Renumbers the descriptor above the process's others where the runtime
+   * can (`F_DUPFD_CLOEXEC` to 1024 or more), so that if the process dies
+   * the kernel drops the flock before it closes the process's other files:
+   * it closes a dying process's files from the highest descriptor down,
+   * and the close of an inotify instance with watches waits for an RCU
+   * grace period. A holder whose watch's descriptor came above its lock's
+   * let go of the flock 0.5 ms after SIGKILL, or up to 20 ms (measured on
+   * Linux 6.18). Never throws; where it cannot, nothing changes.
+   */
+  closeFirstAtExit(): void;
   /** `close(fd)`; drops the flock. Never throws. */
   close(): void;
 }
