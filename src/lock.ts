@@ -470,8 +470,8 @@ interface Sleeps {
  * more on a loaded machine: 50 waiters polling every 5 ms burnt both
  * cores). Deno's watch reports a holder's close (a SIGKILLed holder's
  * descriptor closed by the kernel: IN_CLOSE_WRITE, as "access"), so there
- * the looks can be rare (`WATCHED_MAX`; `max` only while it watches the
- * directory instead, which does not report the close). Node's and Bun's
+ * the looks can be rare (`WATCHED_MAX`; `max` while no watch is armed).
+ * Node's and Bun's
  * (libuv's inotify mask, Bun's) report no close: there a close watch
  * (inotify's IN_CLOSE_WRITE, see `platform/_close_node.ts`) reports it, on
  * Linux, and the looks can be as rare; elsewhere they are what finds a
@@ -481,8 +481,6 @@ const ASYNC_SLEEPS: Sleeps = {
   max: p.runtime === "deno" ? 1000 : 250,
   growth: 4,
 };
-/** Deno: a waiter whose file was replaced watches the directory instead. */
-const DIR_WATCH = p.runtime === "deno";
 /**
  * Deno's watch of the lock file reports its holder's close itself (the
  * kernel's close of a dying holder's descriptor: IN_CLOSE_WRITE, as
@@ -569,6 +567,7 @@ function* acquireSteps(
   try {
     const deadline = performance.now() + timeout;
     const remaining = () => deadline - performance.now();
+    const expired = () => remaining() <= 0;
     for (;;) {
       let held: HeldBy | ContendedError;
       try {
@@ -581,7 +580,7 @@ function* acquireSteps(
       } catch (err) {
         if (
           evented && err instanceof HeldError && err.byThisProcess &&
-          remaining() > 0
+          !expired()
         ) {
           // An attempt at once after an event met the lock just taken by
           // another waiter of this process (woken by the same event): still
@@ -594,7 +593,7 @@ function* acquireSteps(
           throw err;
         }
       }
-      if (remaining() <= 0) {
+      if (expired()) {
         if (held instanceof ContendedError) throw held;
         throw new HeldError(target.path, held.pid, held.host, {
           started: held.started,
@@ -610,7 +609,7 @@ function* acquireSteps(
       // straight to the cap.
       let ramp = evented;
       evented = false;
-      for (let interval = 1; remaining() > 0;) {
+      for (let interval = 1; !expired();) {
         wake.woken = false;
         wake.ended = false;
         const armed = onSleep();
@@ -748,48 +747,17 @@ export async function acquire(
   // Set by every event: the file may be gone, and the next holder's file
   // may have the same inode number (ext4 reuses them at once), which a
   // watch of the old one would never report. Watch anew at the next sleep.
+  // (Deno refuses a watch made too soon after the last of its path closed:
+  // see `Platform.watchDir`; it is asked for again at each sleep.)
   let stale = false;
-  // Deno: watching the directory instead of the file (see `watch`).
-  let byDir = false;
   const onEvent = () => {
     stale = true;
-    // In Deno's watch of the directory, an event on the name may be the
-    // next holder's file coming: the look tells.
-    if (!byDir) woken.ended = true;
+    woken.ended = true;
     wake?.();
   };
   const watch = (): string | undefined => {
     const key = fileKey(target.pinned, target.name);
     if (key === "") return "";
-    if (
-      byDir ||
-      (DIR_WATCH && listener !== undefined && (stale || listener.key !== key))
-    ) {
-      // Deno: once the file at the name was replaced (or an event came: it
-      // may be, with the old inode number), a new watch of the path reports
-      // nothing (Deno.watchFs of a path whose file was
-      // replaced while this process watched it: 0 events in 20 trials), so
-      // the waiter watches the directory, by name, for the rest of its
-      // wait: it sees each holder's file come and go at the name with no
-      // watch made anew. A holder's death is not among its events (the
-      // close is reported under the name the holder opened its file by,
-      // its temp file's): the looks, at most 1 s apart on Deno, find it.
-      // Not from the start: the directory's events include every other
-      // waiter's attempts (their temp files), a wake-up of every waiting
-      // process each (50 Deno waiters: 2.6 CPU-s instead of 1.0).
-      if (!byDir || listener?.watching() !== true) {
-        // A watch refused (see `Platform.watchDir`) is asked for again.
-        byDir = true;
-        listener?.stop();
-        listener = listen(target.pinned, target.name, onEvent, true);
-      }
-      stale = false;
-      // A holder's death is not among the directory's events: the looks
-      // find it, at most `sleeps.max` apart.
-      woken.watched = false;
-      if (listener?.watching() !== true) return undefined;
-      return fileKey(target.pinned, target.name) === key ? key : "";
-    }
     if (stale) {
       stale = false;
       closeKey = "";

@@ -51,8 +51,11 @@ function tracedWaiter(trace: string, args: string[]): Child {
 }
 
 interface CloseWatch {
-  /** The inotify descriptor and watch descriptor of each close watch. */
-  adds: { fd: string; wd: string }[];
+  /**
+   * The inotify descriptor and watch descriptor of each close watch, and
+   * the index of its line.
+   */
+  adds: { fd: string; wd: string; at: number }[];
   lines: string[];
 }
 
@@ -82,11 +85,11 @@ function closeWatches(text: string, name: string): CloseWatch {
     } else lines.push(line);
   }
   const adds = [];
-  for (const line of lines) {
+  for (const [at, line] of lines.entries()) {
     const m = line.match(
       /inotify_add_watch\((\d+), "[^"]*\/([^"/]+)", [A-Z_|]*\bIN_CLOSE_WRITE\b[A-Z_|]*\) = (\d+)/,
     );
-    if (m && m[2] === name) adds.push({ fd: m[1], wd: m[3] });
+    if (m && m[2] === name) adds.push({ fd: m[1], wd: m[3], at });
   }
   return { adds, lines };
 }
@@ -107,17 +110,20 @@ function sameFd(lines: string[], fd: string): Set<string> {
 }
 
 /**
- * Whether the waiter's trace shows its close watch of `name` waiting (a
- * poll of the inotify descriptor on Node; on Bun, the descriptor added to
- * the event loop's epoll) and its looks at `name` since grown apart: five
- * of them (growing from 1 ms, the next is then 250 ms or more away), or
- * one seen 400 ms ago (a waiter that sleeps straight to its longest sleep
- * after the first look). `seen` keeps when the first look was seen.
+ * Whether the waiter's trace shows its `nth` close watch of `name` (1: the
+ * first) waiting (a poll of the inotify descriptor on Node; on Bun, the
+ * descriptor added to the event loop's epoll) and its looks at `name`
+ * since grown apart: five of them (growing from 1 ms, the next is then
+ * 250 ms or more away), or one seen 400 ms ago (a waiter that sleeps
+ * straight to its longest sleep after the first look). `seen` keeps when
+ * the first look was seen.
  */
 function sleeping(
   trace: string,
   name: string,
   seen: { at?: number } = {},
+  nth = 1,
+  isLook: (line: string, name: string) => boolean = opensName,
 ): boolean {
   let text;
   try {
@@ -126,9 +132,8 @@ function sleeping(
     return false;
   }
   const { adds, lines } = closeWatches(text, name);
-  if (adds.length === 0) return false;
-  const at = lines.findIndex((l) => l.includes("IN_CLOSE_WRITE"));
-  const after = lines.slice(at);
+  if (adds.length < nth) return false;
+  const after = lines.slice(adds[nth - 1].at);
   const fds = sameFd(lines, adds[0].fd);
   // Deno adds its inotify descriptor to its watch thread's epoll before
   // the watch itself.
@@ -136,7 +141,7 @@ function sleeping(
     const m = l.match(/(?:poll\(\[\{fd=|EPOLL_CTL_ADD, )(\d+),/);
     return m !== null && fds.has(m[1]);
   });
-  const looks = after.filter((l) => opensName(l, name)).length;
+  const looks = after.filter((l) => isLook(l, name)).length;
   if (!polled || looks === 0) return false;
   seen.at ??= performance.now();
   return looks >= 5 || performance.now() - seen.at >= 400;
@@ -149,6 +154,17 @@ function sleeping(
 function opensName(line: string, name: string): boolean {
   return line.includes(`"${name}", O_RDONLY`) ||
     line.includes(`/${name}", O_RDONLY`);
+}
+
+/**
+ * Whether a trace line is a look at `name`: its open (see `opensName`), or
+ * the `lstat` of a quick look (a runlock holder of this host that lives:
+ * no open).
+ */
+function looksAt(line: string, name: string): boolean {
+  return opensName(line, name) ||
+    /^(\d+\s+)?(newfstatat|statx|lstat)\(/.test(line) &&
+      (line.includes(`"${name}"`) || line.includes(`/${name}"`));
 }
 
 /** The four bytes of `n`, little-endian. */
@@ -170,6 +186,48 @@ function esc(b: number): string {
   if (named[b]) return named[b];
   if (b >= 32 && b < 127) return String.fromCharCode(b);
   return "\\" + b.toString(8);
+}
+
+/**
+ * Whether the waiter's trace shows its winning attempt on `name` made at
+ * once after it read the close event of its `nth` close watch of `name`
+ * (1: the first): the first call on the lock's name after the read is its
+ * temp file's creation, not a look at the name (which is what finds a dead
+ * holder when no event tells: a look, 5 s after the last). Says why not.
+ */
+function wokeByClose(
+  trace: string,
+  name: string,
+  nth: number,
+  round: number,
+): boolean {
+  const { adds, lines } = closeWatches(readFileSync(trace, "utf8"), name);
+  assert.ok(
+    adds.length >= nth,
+    `the waiter watched the lock file for IN_CLOSE_WRITE ${nth} times`,
+  );
+  const { fd, wd } = adds[nth - 1];
+  const body = (l: string) => l.replace(/^\d+\s+/, "");
+  const won = lines.findIndex((l) =>
+    /linkat\(.*[/"]run\d\.lock", 0\s*\)\s*= 0$/.test(body(l))
+  );
+  assert.ok(won > 0, "the waiter linked its record into place");
+  // struct inotify_event: int wd, uint32 mask (IN_CLOSE_WRITE = 8).
+  const bytes = [...le32(Number(wd)), 8, 0, 0, 0].map(esc).join("");
+  const fds = sameFd(lines, fd);
+  const event = lines.findIndex((l) => {
+    const m = body(l).match(/^read\((\d+), "/);
+    return m !== null && fds.has(m[1]) && body(l).includes(bytes);
+  });
+  const main = lines[won]?.match(/^(\d+)\s/)?.[1];
+  const next =
+    lines.slice(event + 1).find((l) =>
+      l.match(/^(\d+)\s/)?.[1] === main && /run\d\.lock/.test(l)
+    ) ?? "";
+  const shown = event >= 0 && event < won &&
+    /\.run\d\.lock\.[0-9a-f]+\.tmp", O_RDWR\|O_CREAT\|O_EXCL/.test(next);
+  if (!shown) console.log(`round ${round}: after the event: ${next}`);
+  return shown;
 }
 
 describe("waiters wake on their holder's close", { skip: skip() }, () => {
@@ -207,44 +265,62 @@ describe("waiters wake on their holder's close", { skip: skip() }, () => {
           await holder.kill();
           await waiter.kill();
         }
-        const { adds, lines } = closeWatches(
-          readFileSync(trace, "utf8"),
-          `run${round}.lock`,
-        );
-        assert.ok(
-          adds.length >= 1,
-          "the waiter watched the lock file for IN_CLOSE_WRITE",
-        );
-        const { fd, wd } = adds[0];
-        const body = (l: string) => l.replace(/^\d+\s+/, "");
-        const won = lines.findIndex((l) =>
-          /linkat\(.*[/"]run\d\.lock", 0\s*\)\s*= 0$/.test(body(l))
-        );
-        assert.ok(won > 0, "the waiter linked its record into place");
-        // struct inotify_event: int wd, uint32 mask (IN_CLOSE_WRITE = 8).
-        const bytes = [...le32(Number(wd)), 8, 0, 0, 0].map(esc).join("");
-        const fds = sameFd(lines, fd);
-        const event = lines.findIndex((l) => {
-          const m = body(l).match(/^read\((\d+), "/);
-          return m !== null && fds.has(m[1]) && body(l).includes(bytes);
-        });
-        // Woken by the event, the waiter attempts at once: its first call
-        // on the lock's name after the read is its temp file's creation,
-        // not a look at the name (which is what finds a dead holder when
-        // no event tells: a look, 5 s after the last).
-        const main = lines[won]?.match(/^(\d+)\s/)?.[1];
-        const next = lines.slice(event + 1).find((l) =>
-          l.match(/^(\d+)\s/)?.[1] === main && /run\d\.lock/.test(l)
-        ) ?? "";
-        shown = event >= 0 && event < won &&
-          /\.run\d\.lock\.[0-9a-f]+\.tmp", O_RDWR\|O_CREAT\|O_EXCL/.test(next);
-        if (!shown) {
-          console.log(`round ${round}: after the event: ${next}`);
-        }
+        shown = wokeByClose(trace, `run${round}.lock`, 1, round);
       }
       assert.ok(
         shown,
         "the waiter's winning attempt followed its read of the close event, and came at once",
+      );
+    } finally {
+      cleanup();
+    }
+  });
+
+  test("a waiter that saw its holder's file replaced (a release and retake) takes the lock at the new holder's SIGKILL on the close event of its watch of the new file", async () => {
+    const { dir, cleanup } = tempDir();
+    try {
+      let shown = false;
+      for (let round = 0; round < 3 && !shown; round++) {
+        const name = `run${round}.lock`;
+        const path = join(dir, name);
+        const trace = join(dir, `waiter${round}.trace`);
+        const holder = new Child("flip_holder.ts", [path]);
+        await holder.expect("held");
+        const waiter = tracedWaiter(trace, [path, "120000", "1"]);
+        try {
+          await waiter.expect("waiting");
+          const first = {};
+          await waitFor(
+            () => sleeping(trace, name, first, 1, looksAt),
+            "the waiter waits on its close watch",
+          );
+          // Stopped, the waiter cannot take the lock between the release
+          // and the retake; its watch's events wait for it.
+          waiter.signal("SIGSTOP");
+          holder.send("flip");
+          await holder.expect("reheld");
+          waiter.signal("SIGCONT");
+          // A second close watch of the name: the new holder's file's;
+          // then past the looks that follow an event (1 ms, growing
+          // fourfold), the holder's death is told by its close, or by a
+          // look seconds later.
+          const seen = {};
+          await waitFor(
+            () => sleeping(trace, name, seen, 2, looksAt),
+            "the waiter waits on its watch of the new holder's file",
+          );
+          await holder.kill("SIGKILL");
+          await waiter.expect("acquired");
+          await waiter.expect("done");
+        } finally {
+          await holder.kill();
+          await waiter.kill();
+        }
+        shown = wokeByClose(trace, name, 2, round);
+      }
+      assert.ok(
+        shown,
+        "the waiter's winning attempt followed its read of the new file's close event, and came at once",
       );
     } finally {
       cleanup();
@@ -412,14 +488,8 @@ describe("waiters follow the lock file from holder to holder", {
           reused = true;
           // The old inode was freed (its number is the new file's), and
           // with it the old watch: only a new watch can report the release.
-          // Deno: the directory, by name (a new watch of a replaced path
-          // reports nothing there; see wait_test.ts).
-          const dirIno = ino(statSync(dir).ino);
           await waitFor(
-            () =>
-              watchedInos(pid).has(
-                runtime === "deno" ? dirIno : ino(again.ino),
-              ),
+            () => watchedInos(pid).has(ino(again.ino)),
             "the waiter watches the new holder's file",
           );
           holder.send("release");
