@@ -178,6 +178,30 @@ describe("waiting", () => {
     }
   });
 
+  test("a wait's sleep to its deadline ends it, though timers fire up to 1.6 ms before performance.now() says the time is up: 40 waits of 20 ms sleep twice each (1 ms, then to the deadline), never a third time for what is left", async () => {
+    const { dir, cleanup } = tempDir();
+    const path = join(dir, "run.lock");
+    const first = await holder(path);
+    try {
+      for (let i = 0; i < 40; i++) {
+        const { result, timers } = await countingTimers(() =>
+          acquire(path, { timeout: 20 }).then(
+            () => undefined,
+            (err: unknown) => err,
+          )
+        );
+        assert.ok(result instanceof HeldError, String(result));
+        // (0 ms: not a sleep, the turn a closed watch waits for on Deno.)
+        const sleeps = timers.filter((ms) => ms > 0);
+        assert.equal(sleeps.length, 2, `wait ${i}: sleeps ${timers}`);
+        assert.equal(sleeps[0], 1, `wait ${i}: sleeps ${timers}`);
+      }
+    } finally {
+      await first.kill();
+      cleanup();
+    }
+  });
+
   test(
     "a waiter's looks at a live runlock holder of this host do not open the lock file (an open is an event for every other waiter's watch on Deno): a 2.5 s wait opens it only for its attempts and its first look (strace)",
     { skip: hasStrace ? false : "needs strace(1) on Linux" },
