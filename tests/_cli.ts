@@ -76,6 +76,15 @@ export function cliPgTestable(what: string): boolean {
 
 const [cmd, ...pre] = cliCommand();
 
+// The directory the CLI runs in, not the test process's: under `deno test
+// --parallel` every test file shares one process, and a test that chdirs
+// into a temporary directory (pinning_test, bad_files_test) can leave a
+// CLI spawned meanwhile in a directory removed under it ("Failed getting
+// cwd", CI run 58). Node and Bun run each test file in its own process.
+const cliCwd = runtime === "deno"
+  ? new URL("..", import.meta.url).pathname
+  : undefined;
+
 /** What a finished command printed. */
 export interface Result {
   code: number | null;
@@ -88,6 +97,7 @@ export function cli(...args: string[]): Result {
   const r = spawnSync(cmd, [...pre, ...args], {
     encoding: "utf8",
     env: { ...process.env, NO_COLOR: "1" },
+    cwd: cliCwd,
   });
   return { code: r.status, stdout: r.stdout, stderr: r.stderr };
 }
@@ -131,6 +141,7 @@ export class Background {
   constructor(argv: string[], options: { input?: boolean } = {}) {
     this.child = spawn(argv[0], argv.slice(1), {
       stdio: [options.input ? "pipe" : "ignore", "pipe", "pipe"],
+      cwd: cliCwd,
     });
     const wake = () => this.#waiters.splice(0).forEach((w) => w());
     createInterface({ input: this.child.stdout! }).on("line", (l) => {
