@@ -471,11 +471,10 @@ interface Sleeps {
  * cores). Deno's watch reports a holder's close (a SIGKILLed holder's
  * descriptor closed by the kernel: IN_CLOSE_WRITE, as "access"), so there
  * the looks can be rare (`WATCHED_MAX`; `max` while no watch is armed).
- * Node's and Bun's
- * (libuv's inotify mask, Bun's) report no close: there a close watch
- * (inotify's IN_CLOSE_WRITE, see `platform/_close_node.ts`) reports it, on
- * Linux, and the looks can be as rare; elsewhere they are what finds a
- * dead holder, and come at least every 250 ms.
+ * Node's and Bun's (libuv's inotify mask, Bun's) report no close: there a
+ * close watch (inotify's IN_CLOSE_WRITE, see `platform/_close_node.ts`)
+ * reports it, on Linux, and the looks can be as rare; elsewhere they are
+ * what finds a dead holder, and come at least every 250 ms.
  */
 const ASYNC_SLEEPS: Sleeps = {
   max: p.runtime === "deno" ? 1000 : 250,

@@ -157,6 +157,9 @@ function traced(
   };
 }
 
+/** `s` matched literally in a regular expression. */
+const escapeRe = (s: string) => s.replace(/[.*+?^${}()|[\]\\]/g, "\\$&");
+
 const show = (t: Traced) => `${JSON.stringify(t.steps)}\n${t.calls.join("\n")}`;
 
 describe("the *at() calls on the pinned directory", {
@@ -174,7 +177,7 @@ describe("the *at() calls on the pinned directory", {
       const walks = t.calls.filter((l) => /"\/proc\/self\/fd\/\d+\//.test(l));
       assert.deepEqual(walks, [], show(t));
       // D<dir>: the pinned directory's descriptor, as strace -y shows it.
-      const d = `\\d+<${dir.replace(/[.*+?^${}()|[\]\\]/g, "\\$&")}>`;
+      const d = `\\d+<${escapeRe(dir)}>`;
       const temp = String.raw`"\.run\.lock\.[0-9a-f]{16}\.tmp"`;
       for (
         const call of [
@@ -283,11 +286,14 @@ describe("the *at() calls on the pinned directory", {
 });
 
 describe("Deno's lstat through libc", { skip: straceSkip("deno") }, () => {
-  test("held() and inspect() of a free lock with --allow-ffi: one fstatat of the path, not following a symlink, whose ENOENT is the answer 'free' (no exception in Deno)", () => {
+  test("held() and inspect() of a free lock with --allow-ffi: one fstatat of the path, not following a symlink, whose ENOENT is the answer 'free' (no exception in Deno)", async () => {
     const { dir: tmp, cleanup } = tempDir();
     try {
       const dir = realpathSync(tmp);
       const path = join(dir, "run.lock");
+      // In this process too (the tests run with --allow-all).
+      assert.equal(await held(path), false);
+      assert.equal((await inspect(path)).state, "free");
       const t = traced(dir, "probe", path);
       assert.deepEqual(t.steps.map((s) => [s.step, s.ok, s.state]), [
         ["probe", true, "free"],
@@ -297,7 +303,7 @@ describe("Deno's lstat through libc", { skip: straceSkip("deno") }, () => {
         t.calls[0],
         new RegExp(
           `^newfstatat\\(AT_FDCWD(?:<[^>]*>)?, "${
-            path.replace(/[.*+?^${}()|[\]\\]/g, "\\$&")
+            escapeRe(path)
           }", 0x[0-9a-f]+, AT_SYMLINK_NOFOLLOW\\) = -1 ENOENT `,
         ),
         show(t),

@@ -178,7 +178,7 @@ describe("waiting", () => {
     }
   });
 
-  test("a wait's sleep to its deadline ends it, though timers fire up to 1.6 ms before performance.now() says the time is up: 40 waits of 20 ms sleep twice each (1 ms, then to the deadline), never a third time for what is left", async () => {
+  test("a wait's sleep to its deadline ends it, though timers fire up to 1.6 ms before performance.now() says the time is up: 40 waits of 20 ms sleep at most twice each (1 ms, then to the deadline), never a third time for what is left", async () => {
     const { dir, cleanup } = tempDir();
     const path = join(dir, "run.lock");
     const first = await holder(path);

@@ -51,9 +51,9 @@ export interface Handle {
    * the kernel drops the flock before it closes the process's other files:
    * it closes a dying process's files from the highest descriptor down,
    * and the close of an inotify instance with watches waits for an RCU
-   * grace period. A holder whose watch's descriptor came above its lock's
-   * let go of the flock 0.5 ms after SIGKILL, or up to 20 ms (measured on
-   * Linux 6.18). Never throws; where it cannot, nothing changes.
+   * grace period. A C holder let go of the flock 0.4-0.6 ms after SIGKILL
+   * with its lock above its inotify descriptor, 0.6-21 ms at random with
+   * it below (Linux 6.18). Never throws; where it cannot, nothing changes.
    */
   closeFirstAtExit(): void;
   /** `close(fd)`; drops the flock. Never throws. */
