@@ -10,6 +10,7 @@ import {
   openSync,
   readdirSync,
   readFileSync,
+  readlinkSync,
   renameSync,
   statSync,
   unlinkSync,
@@ -35,6 +36,7 @@ import {
   delay,
   holder,
   processExists,
+  runtime,
   tempDir,
   waitFor,
 } from "./_helpers.ts";
@@ -387,13 +389,27 @@ describe("descriptors", () => {
     const first = await holder(path);
     try {
       const ino = statSync(path).ino;
-      const fds = readdirSync(`/proc/${first.pid}/fd`).filter((fd) => {
-        try {
-          return statSync(`/proc/${first.pid}/fd/${fd}`).ino === ino;
-        } catch {
-          return false;
-        }
-      });
+      const dir = `/proc/${first.pid}/fd`;
+      const fdsOf = (wanted: (fd: string) => boolean) =>
+        readdirSync(dir).filter((fd) => {
+          try {
+            return wanted(`${dir}/${fd}`);
+          } catch {
+            return false; // Closed since the listing.
+          }
+        });
+      // On Node and Bun the holder moves its descriptor once, just before
+      // its watch begins: look at the one it keeps (a listing taken while
+      // it moves may show both numbers, or neither).
+      if (runtime !== "deno") {
+        await waitFor(
+          () =>
+            fdsOf((fd) => readlinkSync(fd) === "anon_inode:inotify").length >
+              0,
+          "the holder's watch",
+        );
+      }
+      const fds = fdsOf((fd) => statSync(fd).ino === ino);
       assert.equal(fds.length, 1, "exactly one descriptor holds the lock");
       const fdinfo = readFileSync(
         `/proc/${first.pid}/fdinfo/${fds[0]}`,
