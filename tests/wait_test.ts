@@ -178,7 +178,7 @@ describe("waiting", () => {
     }
   });
 
-  test("a wait's sleep to its deadline ends it, though timers fire up to 1.6 ms before performance.now() says the time is up: 40 waits of 20 ms sleep at most twice each (1 ms, then to the deadline), never a third time for what is left", async () => {
+  test("a wait's sleep to its deadline ends it, though timers fire up to 1.6 ms before performance.now() says the time is up: 40 waits of 20 ms sleep at most twice each (the first look's, then to the deadline), never a third time for what is left", async () => {
     const { dir, cleanup } = tempDir();
     const path = join(dir, "run.lock");
     const first = await holder(path);
@@ -193,9 +193,10 @@ describe("waiting", () => {
         assert.ok(result instanceof HeldError, String(result));
         // (0 ms: not a sleep, the turn a closed watch waits for on Deno.)
         const sleeps = timers.filter((ms) => ms > 0);
-        // At most 2: under load the first look may outlast the deadline.
+        // At most 2 (the first look's, up to 1 ms, and the one to the
+        // deadline); fewer where load made the first attempt or look
+        // outlast the deadline.
         assert.ok(sleeps.length <= 2, `wait ${i}: sleeps ${timers}`);
-        assert.equal(sleeps[0], 1, `wait ${i}: sleeps ${timers}`);
       }
     } finally {
       await first.kill();
