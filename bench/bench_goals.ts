@@ -439,7 +439,13 @@ function scaleGoals(s: ScaleSection | undefined, goals: Goal[]): void {
       unit: "CPU-s",
       detail: `each waiter ${fmt(v.cpuMsEach.median)} ms median, ${
         fmt(v.cpuMsEach.max)
-      } ms at most; the control (as many processes asleep on a timer) ${
+      } ms at most; ${
+        v.warmCpuSeconds === undefined
+          ? ""
+          : `as many processes that waited once before, ${
+            fmt(v.warmCpuSeconds)
+          } CPU-s; `
+      }the control (as many processes asleep on a timer) ${
         fmt(v.idleCpuSeconds)
       } CPU-s${
         v.startCpuSeconds === undefined
