@@ -3,7 +3,7 @@
 // have no permission system, so these tests are skipped there.)
 import assert from "node:assert/strict";
 import { spawnSync } from "node:child_process";
-import { mkdirSync, symlinkSync, writeFileSync } from "node:fs";
+import { existsSync, mkdirSync, symlinkSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { describe, test } from "node:test";
 import { Child, deadPid, fixtureCommand, tempDir } from "./_helpers.ts";
@@ -151,6 +151,43 @@ describe("Deno permissions", { skip: !isDeno }, () => {
       assert.match(String(probed.message), /--allow-read=\//);
       assert.doesNotMatch(String(probed.message), /--allow-write=/);
     } finally {
+      cleanup();
+    }
+  });
+
+  test("a path with .. after a symlink names the file the kernel names, with scoped permissions as with --allow-all: one holder, and probes agree", async () => {
+    // Deno's ops resolve `..` by the text unless every permission is
+    // granted: `b/link/..` was `b` there, and `a` for the kernel.
+    const { dir, cleanup } = tempDir();
+    mkdirSync(join(dir, "a", "real"), { recursive: true });
+    mkdirSync(join(dir, "b"));
+    symlinkSync(join(dir, "a", "real"), join(dir, "b", "link"));
+    // Not join(): it would resolve the `..` by the text too.
+    const path = `${dir}/b/link/../run.lock`;
+    const all = new Child("child.ts", ["hold", path]);
+    let scoped: Child | undefined;
+    try {
+      const acquired = await all.expect("acquired");
+      assert.ok(existsSync(join(dir, "a", "run.lock")));
+      const contender = new Child("child.ts", ["try", path], only(dir));
+      assert.equal((await contender.expect("held")).holder, acquired.pid);
+      const prober = new Child("child.ts", ["probe", path], only(dir, false));
+      const probe = await prober.expect("probe");
+      assert.equal(probe.state, "held");
+      assert.equal(probe.holder, acquired.pid);
+      all.send("release");
+      await all.expect("released");
+
+      // The other way round: the scoped holder's file is the kernel's too.
+      scoped = new Child("child.ts", ["hold", path], only(dir));
+      const second = await scoped.expect("acquired");
+      assert.ok(existsSync(join(dir, "a", "run.lock")));
+      assert.ok(!existsSync(join(dir, "b", "run.lock")));
+      const other = new Child("child.ts", ["try", path]);
+      assert.equal((await other.expect("held")).holder, second.pid);
+    } finally {
+      await all.kill();
+      await scoped?.kill();
       cleanup();
     }
   });

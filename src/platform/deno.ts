@@ -154,6 +154,69 @@ function need(name: "read" | "write", dir: string, syscall: string): void {
   granted.add(key);
 }
 
+/** Whether a path has a `..` component. */
+function hasDotDot(path: string): boolean {
+  return path === ".." || path.startsWith("../") || path.endsWith("/..") ||
+    path.includes("/../");
+}
+
+/**
+ * `path` with each `..` resolved as the kernel resolves it: after the
+ * symlinks before it. Deno's file ops resolve `..` by the text unless every
+ * permission is granted (they use the path their permission check
+ * normalised), so `link/../run.lock` would be another file than the one
+ * the kernel, Node, Bun, flock(1) and a Deno program run with `-A` name
+ * (two holders of one lock). The real path of what comes before each `..`
+ * has no `..` left, so there the text is the truth. `null` where a
+ * directory before a `..` is missing: nothing there, as for the kernel.
+ * With `create`, such directories are made (for `mkdirp`).
+ */
+function kernelPath(path: string, create = false): string | null {
+  if (!hasDotDot(path) || hasAllAccess()) return path;
+  let out = path.startsWith("/") ? "/" : "";
+  for (const part of path.split("/")) {
+    if (part === "" || part === ".") continue;
+    if (part !== "..") {
+      out = out === ""
+        ? part
+        : out.endsWith("/")
+        ? out + part
+        : `${out}/${part}`;
+      continue;
+    }
+    const base = out === "" ? "." : out;
+    let real: string;
+    try {
+      if (create) {
+        need("write", base, "mkdir");
+        Deno.mkdirSync(base, { recursive: true });
+      }
+      need("read", base, "realpath");
+      real = Deno.realPathSync(base);
+    } catch (err) {
+      const mapped = err instanceof SysError
+        ? err
+        : sysError(err, "realpath", base);
+      if (mapped.code === "ENOENT") return null;
+      throw mapped;
+    }
+    const slash = real.lastIndexOf("/");
+    out = slash <= 0 ? "/" : real.slice(0, slash);
+  }
+  return out === "" ? "." : out;
+}
+
+/** `kernelPath`, where a missing directory before a `..` is ENOENT. */
+function existingPath(given: string, syscall: string): string {
+  const path = kernelPath(given);
+  if (path !== null) return path;
+  throw new SysError(
+    "ENOENT",
+    syscall,
+    `${syscall} '${given}': No such file or directory`,
+  );
+}
+
 function info(s: Deno.FileInfo): FileInfo {
   return {
     dev: s.dev,
@@ -348,7 +411,9 @@ function createNew(path: string): Handle | "EEXIST" | "ENOENT" {
   }
 }
 
-function openExisting(path: string): Handle | "ENOENT" {
+function openExisting(given: string): Handle | "ENOENT" {
+  const path = kernelPath(given);
+  if (path === null) return "ENOENT";
   // Deno.open has neither O_NOFOLLOW nor O_NONBLOCK, so lstat first: a
   // symlink is refused without being followed, and a FIFO is never opened
   // (opening one read-only blocks until a writer comes). Then fstat the
@@ -383,7 +448,9 @@ function openExisting(path: string): Handle | "ENOENT" {
   return handle;
 }
 
-function lstat(path: string): FileInfo | null {
+function lstat(given: string): FileInfo | null {
+  const path = kernelPath(given);
+  if (path === null) return null;
   need("read", parent(path), "lstat");
   return lstatChecked(path);
 }
@@ -474,8 +541,10 @@ export const platform: Platform = {
   // Deno.open has no O_NONBLOCK.
   openMayBlock: true,
 
-  realDir(path: string): string {
+  realDir(given: string): string {
     try {
+      const path = kernelPath(given);
+      if (path === null) return "";
       need("read", path, "realpath");
       return Deno.realPathSync(path);
     } catch {
@@ -537,13 +606,14 @@ export const platform: Platform = {
     return openExisting(path);
   },
 
-  openDir(path: string): Dir {
+  openDir(given: string): Dir {
     // Deno can name a directory descriptor only through node:fs (which
     // costs every program the start-up of Deno's Node layer) and
     // /proc/self/fd (which it allows only with all permissions): so the
     // canonical path, resolved once. Re-pointed symlinks, `..` and chdir
     // cannot move the lock; an exchange of real directories between two
     // calls could (PROTOCOL.md, "Pinning the directory").
+    const path = existingPath(given, "realpath");
     need("read", path, "realpath");
     let real: string;
     try {
@@ -559,26 +629,29 @@ export const platform: Platform = {
     return lstat(path);
   },
 
-  mkdirp(path: string): void {
+  mkdirp(given: string): void {
     try {
+      const path = kernelPath(given, true) ?? given;
       need("write", path, "mkdir");
       Deno.mkdirSync(path, { recursive: true });
     } catch (err) {
-      throw sysError(err, "mkdir", path);
+      throw sysError(err, "mkdir", given);
     }
   },
 
-  readDir(path: string): string[] {
+  readDir(given: string): string[] {
     try {
+      const path = existingPath(given, "readdir");
       need("read", path, "readdir");
       return Array.from(Deno.readDirSync(path), (entry) => entry.name);
     } catch (err) {
-      throw sysError(err, "readdir", path);
+      throw sysError(err, "readdir", given);
     }
   },
 
-  readDirKinds(path: string) {
+  readDirKinds(given: string) {
     try {
+      const path = existingPath(given, "readdir");
       need("read", path, "readdir");
       return Array.from(Deno.readDirSync(path), (entry) => ({
         name: entry.name,
@@ -591,7 +664,7 @@ export const platform: Platform = {
           : "other" as const,
       }));
     } catch (err) {
-      throw sysError(err, "readdir", path);
+      throw sysError(err, "readdir", given);
     }
   },
 
