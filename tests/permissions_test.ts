@@ -185,6 +185,22 @@ describe("Deno permissions", { skip: !isDeno }, () => {
       assert.ok(!existsSync(join(dir, "b", "run.lock")));
       const other = new Child("child.ts", ["try", path]);
       assert.equal((await other.expect("held")).holder, second.pid);
+
+      // Out of a file, `..` is ENOTDIR for the kernel, scoped or not.
+      writeFileSync(join(dir, "f"), "");
+      for (const flags of [["--allow-all"], only(dir, false)]) {
+        const odd = new Child(
+          "child.ts",
+          ["probe", `${dir}/f/../run.lock`],
+          flags,
+        );
+        const refused = await odd.expect("error");
+        assert.match(
+          String(refused.message),
+          /not a directory/,
+          flags.join(" "),
+        );
+      }
     } finally {
       await all.kill();
       await scoped?.kill();

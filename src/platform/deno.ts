@@ -193,6 +193,15 @@ function kernelPath(path: string, create = false): string | null {
       }
       need("read", base, "realpath");
       real = Deno.realPathSync(base);
+      // The kernel walks `..` only out of a directory.
+      need("read", real, "stat");
+      if (!Deno.statSync(real).isDirectory) {
+        throw new SysError(
+          "ENOTDIR",
+          "realpath",
+          `realpath '${base}/..': Not a directory`,
+        );
+      }
     } catch (err) {
       const mapped = err instanceof SysError
         ? err
