@@ -80,8 +80,8 @@ export interface ScaleSection {
     idleCpuSeconds: number;
     /**
      * The same waiters' CPU when each process has waited once before (for
-     * 50 ms): its first wait's share of `cpuSeconds` is the runtime's
-     * first use of the wait's code.
+     * 50 ms): what `cpuSeconds` has more is what a process's first wait
+     * costs beyond its later ones.
      */
     warmCpuSeconds?: number;
     /**

@@ -151,8 +151,8 @@ async function wait(req: WaitRequest): Promise<void> {
     // HeldError, as expected.
   }
   if (req.warm) {
-    // A process's later wait: its first has compiled the wait's code
-    // (the attempt loop, the watches, the looks, the timeout's HeldError).
+    // A process's later wait: its first has run the wait's code once (the
+    // attempt loop, the watches, the looks, the timeout's HeldError).
     try {
       (await lib.acquire(req.path, { timeout: WARM_WAIT_MS })).releaseSync();
     } catch {

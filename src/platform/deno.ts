@@ -203,9 +203,7 @@ function kernelPath(path: string, create = false): string | null {
         );
       }
     } catch (err) {
-      const mapped = err instanceof SysError
-        ? err
-        : sysError(err, "realpath", base);
+      const mapped = sysError(err, "realpath", base);
       if (mapped.code === "ENOENT") return null;
       throw mapped;
     }
@@ -216,8 +214,8 @@ function kernelPath(path: string, create = false): string | null {
 }
 
 /** `kernelPath`, where a missing directory before a `..` is ENOENT. */
-function existingPath(given: string, syscall: string): string {
-  const path = kernelPath(given);
+function existingPath(given: string, syscall: string, create = false): string {
+  const path = kernelPath(given, create);
   if (path !== null) return path;
   throw new SysError(
     "ENOENT",
@@ -640,7 +638,7 @@ export const platform: Platform = {
 
   mkdirp(given: string): void {
     try {
-      const path = kernelPath(given, true) ?? given;
+      const path = existingPath(given, "mkdir", true);
       need("write", path, "mkdir");
       Deno.mkdirSync(path, { recursive: true });
     } catch (err) {
