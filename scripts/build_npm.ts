@@ -118,6 +118,7 @@ rmSync(out, { recursive: true, force: true });
 const SKIP = new Set([
   "src/platform/deno.ts",
   "src/platform/_libc_deno.ts",
+  "src/platform/_at_deno.ts",
   "src/platform/current.node.ts",
 ]);
 const sources = [

@@ -95,9 +95,9 @@ interface Case {
   after?: Target;
   errno: string;
   /** Per runtime, where they differ. */
-  expect: Outcome | Partial<Record<"deno" | "node" | "bun", Outcome>>;
+  expect: Outcome | Partial<Record<Runtime, Outcome>>;
   /** Runtimes on which the call exists (default: all). */
-  only?: ("deno" | "node" | "bun")[];
+  only?: Runtime[];
 }
 
 // The files of a case's lock directory, as a traced call names them.
@@ -244,14 +244,14 @@ const CASES: Case[] = [
   },
   {
     // A non-blocking flock never sleeps, so the kernel never returns EINTR
-    // there; the Node platform retries it all the same, and that is tested.
+    // there; the libc platforms retry it all the same, and that is tested.
     scenario: "fresh",
     call: "flock LOCK_EX of the temp file",
     syscalls: ["flock"],
     match: M.tempFlock,
     errno: "EINTR",
     expect: ok(),
-    only: ["node", "bun"],
+    only: ["deno", "node", "bun"],
   },
   {
     scenario: "fresh",
@@ -392,15 +392,17 @@ const CASES: Case[] = [
     expect: fails("acquire", "RunlockError", READ_FILE),
   },
   {
-    // Deno's open has no O_NOFOLLOW, so its platform lstats the path before
-    // opening it; elsewhere the first lstat is the one before the unlink.
+    // Deno's open has no O_NOFOLLOW, so with scoped permissions (Deno's
+    // ops, not libc) its platform lstats the path before opening it;
+    // elsewhere the first lstat is the one before the unlink.
     scenario: "stale",
     call: "first lstat of the stale lock file",
     syscalls: STAT_PATH,
     match: M.lockPathStat,
     errno: "EIO",
     expect: {
-      deno: fails("acquire", "RunlockError", READ_FILE),
+      "deno-scoped": fails("acquire", "RunlockError", READ_FILE),
+      deno: fails("acquire", "RunlockError", STALE),
       node: fails("acquire", "RunlockError", STALE),
       bun: fails("acquire", "RunlockError", STALE),
     },
@@ -554,18 +556,47 @@ const CASES: Case[] = [
 
 // ---------------------------------------------------------------------------
 
-type Runtime = "deno" | "node" | "bun";
-const rt = runtime as Runtime;
-const cases = CASES.filter((c) => !c.only || c.only.includes(rt));
+/**
+ * Where the calls differ: Deno with every permission calls libc as Node
+ * and Bun do; with scoped permissions ("deno-scoped"), Deno's own ops.
+ */
+type Runtime = "deno" | "deno-scoped" | "node" | "bun";
 
-function outcomeOf(c: Case): Outcome {
+/** One run of every case: a runtime, and on Deno its permission flags. */
+interface Variant {
+  rt: Runtime;
+  cases: Case[];
+  /** The Deno flags for a run under `root` (default: --allow-all). */
+  flags?: (root: string) => string[];
+}
+
+const variant = (rt: Runtime, flags?: Variant["flags"]): Variant => ({
+  rt,
+  cases: CASES.filter((c) => !c.only || c.only.includes(rt)),
+  flags,
+});
+const variants: Variant[] = runtime === "deno"
+  ? [
+    variant("deno"),
+    variant("deno-scoped", (root) => [
+      `--allow-read=${root}`,
+      `--allow-write=${root}`,
+      "--allow-env=RUNLOCK_INJECT_TAG",
+      "--allow-run",
+      "--no-prompt",
+    ]),
+  ]
+  : [variant(runtime as Runtime)];
+
+function outcomeOf(c: Case, rt: Runtime): Outcome {
   const e = c.expect as Record<string, Outcome>;
-  if ("deno" in e || "node" in e || "bun" in e) return e[rt] ?? {};
+  const keyed = "deno" in e || "deno-scoped" in e || "node" in e || "bun" in e;
+  if (keyed) return e[rt] ?? (rt === "deno-scoped" ? e.deno : undefined) ?? {};
   return c.expect as Outcome;
 }
 
-function label(c: Case): string {
-  const o = outcomeOf(c);
+function label(c: Case, rt: Runtime): string {
+  const o = outcomeOf(c, rt);
   const what = o.step
     ? `${o.error} from ${o.step}`
     : `succeeds${o.litter ? " (litter swept by the next acquire)" : ""}`;
@@ -598,7 +629,7 @@ if (state === "missing") {
 const cjsCopy = import.meta.url.includes("/tests-cjs/");
 if (!skip && cjsCopy) skip = "injected once per runtime, in the ESM copy";
 if (skip) {
-  console.warn(`\n*** inject_test SKIPPED on ${rt}: ${skip} ***\n`);
+  console.warn(`\n*** inject_test SKIPPED on ${runtime}: ${skip} ***\n`);
 }
 
 /** One traced call, with the files of the lock directory it touches. */
@@ -807,12 +838,14 @@ function traced(
   scenario: Scenario,
   dir: string,
   traceFile: string,
+  flags: string[] | undefined,
   inject?: { name: string; errno: string; when: number },
 ): Promise<Run> {
   const path = join(dir, "run.lock");
   const [cmd, args] = fixtureCommand(
     "inject_fixture.ts",
     fixtureArgs(scenario, path),
+    flags,
   );
   const straceArgs = [
     // -qq, and no "Requested path resolved into" notes for the -P paths.
@@ -889,11 +922,13 @@ interface Result {
   error?: unknown;
 }
 
-async function runAll(): Promise<Map<Case, Result>> {
+async function runAll(v: Variant): Promise<Map<Case, Result>> {
   const { dir: tmp, cleanup } = tempDir();
   after(cleanup);
   // A real path: strace matches descriptors by the path they link to.
   const root = realpathSync(tmp);
+  const flags = v.flags?.(root);
+  const cases = v.cases;
   const results = new Map<Case, Result>();
   const censuses = new Map<Scenario, Promise<Line[]>>();
   const census = (scenario: Scenario): Promise<Line[]> => {
@@ -906,6 +941,7 @@ async function runAll(): Promise<Map<Case, Result>> {
           scenario,
           dir,
           join(root, `census-${scenario}.trace`),
+          flags,
         );
         // Every scenario but "held" makes a temp file: it must carry the
         // fixed tag, or strace could not select the calls on it.
@@ -941,11 +977,13 @@ async function runAll(): Promise<Map<Case, Result>> {
       const lock = prepare(c.scenario, dir);
       let run: Run;
       try {
-        run = await traced(c.scenario, dir, join(root, `case${index}.trace`), {
-          name: target.name,
-          when: target.when,
-          errno: c.errno,
-        });
+        run = await traced(
+          c.scenario,
+          dir,
+          join(root, `case${index}.trace`),
+          flags,
+          { name: target.name, when: target.when, errno: c.errno },
+        );
         result.after = readdirSync(dir).sort();
         result.afterState = (await inspect(path)).state;
         if (lock) {
@@ -983,7 +1021,11 @@ async function runAll(): Promise<Map<Case, Result>> {
   // The very next acquire, in one fresh process that never saw these locks:
   // each path at once (timeout 0), then release.
   const paths = cases.map((c) => results.get(c)!.path);
-  const [cmd, args] = fixtureCommand("inject_fixture.ts", ["clean", ...paths]);
+  const [cmd, args] = fixtureCommand(
+    "inject_fixture.ts",
+    ["clean", ...paths],
+    flags,
+  );
   const clean = spawnSync(cmd, args, { encoding: "utf8" });
   if (clean.status !== 0) {
     throw new Error(
@@ -1002,15 +1044,18 @@ async function runAll(): Promise<Map<Case, Result>> {
   return results;
 }
 
-let all: Promise<Map<Case, Result>> | undefined;
-const results = () => all ??= runAll();
+const all = new Map<Variant, Promise<Map<Case, Result>>>();
+const results = (v: Variant) => {
+  if (!all.has(v)) all.set(v, runAll(v));
+  return all.get(v)!;
+};
 
-function check(r: Result): void {
+function check(r: Result, rt: Runtime): void {
   if (r.error) throw r.error;
   const c = r.c;
-  const o = outcomeOf(c);
+  const o = outcomeOf(c, rt);
   const run = r.run!;
-  const why = `${label(c)}\nhit: ${r.hit}\nsteps: ${
+  const why = `${label(c, rt)}\nhit: ${r.hit}\nsteps: ${
     JSON.stringify(run.steps)
   }\n${run.stderr}`;
   // The step that was to fail failed with the documented class, naming the
@@ -1078,40 +1123,43 @@ function check(r: Result): void {
   assert.deepEqual(r.final, [], `left after the clean acquire: ${why}`);
 }
 
-describe(`injected errors (${rt})`, { skip }, () => {
-  for (const c of cases) {
-    test(label(c), async () => {
-      check((await results()).get(c)!);
-    });
-  }
+for (const v of variants) {
+  const { rt, cases } = v;
+  describe(`injected errors (${rt})`, { skip }, () => {
+    for (const c of cases) {
+      test(label(c, rt), async () => {
+        check((await results(v)).get(c)!, rt);
+      });
+    }
 
-  test("summary: every case hit its call, and the table is printed", async () => {
-    const all = await results();
-    const rows = [...all.values()].map((r) => {
-      const o = outcomeOf(r.c);
-      const got = r.run?.steps.find((s) => !s.ok);
-      return [
-        r.c.scenario,
-        r.c.call,
-        r.c.errno,
-        (r.hit ?? "").replace(/\(.*/, ""),
-        got ? `${got.name} (${got.step})` : "ok",
-        o.step ? `${o.error} (${o.step})` : "ok",
-      ];
+    test("summary: every case hit its call, and the table is printed", async () => {
+      const all = await results(v);
+      const rows = [...all.values()].map((r) => {
+        const o = outcomeOf(r.c, rt);
+        const got = r.run?.steps.find((s) => !s.ok);
+        return [
+          r.c.scenario,
+          r.c.call,
+          r.c.errno,
+          (r.hit ?? "").replace(/\(.*/, ""),
+          got ? `${got.name} (${got.step})` : "ok",
+          o.step ? `${o.error} (${o.step})` : "ok",
+        ];
+      });
+      const typed = rows.filter((r) => r[5] !== "ok").length;
+      console.log(
+        `\ninjected errors on ${rt}: ${rows.length} cases, ${typed} typed errors, ` +
+          `${
+            rows.length - typed
+          } succeeded (retried or best effort); every one ` +
+          `followed by a clean acquire in a fresh process\n` +
+          rows.map((r) => `  ${r.join(" | ")}`).join("\n"),
+      );
+      assert.equal(rows.length, cases.length);
+      assert.ok(
+        [...all.values()].every((r) => r.hit?.endsWith("(INJECTED)")),
+        "every case hit its call",
+      );
     });
-    const typed = rows.filter((r) => r[5] !== "ok").length;
-    console.log(
-      `\ninjected errors on ${rt}: ${rows.length} cases, ${typed} typed errors, ` +
-        `${
-          rows.length - typed
-        } succeeded (retried or best effort); every one ` +
-        `followed by a clean acquire in a fresh process\n` +
-        rows.map((r) => `  ${r.join(" | ")}`).join("\n"),
-    );
-    assert.equal(rows.length, cases.length);
-    assert.ok(
-      [...all.values()].every((r) => r.hit?.endsWith("(INJECTED)")),
-      "every case hit its call",
-    );
   });
-});
+}

@@ -108,7 +108,7 @@ describe("the lock file's mode", () => {
     }
   });
 
-  test("under umask 077 in a directory others may write to: 0644 where the mode is set on the descriptor (Node, Bun), the umask's 0600 on Deno (chmod by path could be turned against another file); 0644 in a sticky directory everywhere", async () => {
+  test("under umask 077 in a directory others may write to: 0644 where the mode is set on the descriptor (Node, Bun, Deno with every permission), the umask's 0600 on Deno with scoped permissions (chmod by path could be turned against another file); 0644 in a sticky directory everywhere", async () => {
     const { dir, cleanup } = tempDir();
     try {
       const open = join(dir, "open");
@@ -117,14 +117,21 @@ describe("the lock file's mode", () => {
       mkdirSync(sticky);
       chmodSync(open, 0o777);
       chmodSync(sticky, 0o1777);
-      for (
-        const [where, expected] of [
-          [open, runtime === "deno" ? 0o600 : 0o644],
-          [sticky, 0o644],
-        ] as const
-      ) {
+      const scoped = [
+        `--allow-read=${dir}`,
+        `--allow-write=${dir}`,
+        "--no-prompt",
+      ];
+      const cases: [string, number, string[]?][] = [
+        [open, 0o644],
+        [sticky, 0o644],
+      ];
+      if (runtime === "deno") {
+        cases.push([open, 0o600, scoped], [sticky, 0o644, scoped]);
+      }
+      for (const [where, expected, flags] of cases) {
         const path = join(where, "run.lock");
-        const [cmd, args] = fixtureCommand("child.ts", ["hold", path]);
+        const [cmd, args] = fixtureCommand("child.ts", ["hold", path], flags);
         const child = new Child("", [], undefined, [
           "sh",
           "-c",
@@ -138,7 +145,7 @@ describe("the lock file's mode", () => {
           assert.equal(
             (statSync(path).mode & 0o777).toString(8),
             expected.toString(8),
-            where,
+            `${where} ${flags?.join(" ") ?? ""}`,
           );
         } finally {
           await child.kill();

@@ -1,18 +1,23 @@
 /**
- * libc's `fstatat(2)` for the Deno platform, through `Deno.dlopen`, where
- * the process may use the FFI and read files without a scope
- * (`--allow-ffi --allow-read`, `-A`) on Linux x86-64 or arm64.
+ * libc for the Deno platform, through `Deno.dlopen`, on Linux x86-64 and
+ * arm64 where the process may use the FFI:
  *
- * Why: Deno reports a missing file only by throwing, and an exception
- * costs more than the system call (an lstat of a missing file: 11 µs
- * through `Deno.lstatSync`, against 3 µs for one that exists and 0.7 µs
- * through libc), so `held()` of a free lock was 9.6× a failed open in C
- * (issue 17). Here the call returns -1 and errno says ENOENT.
+ * - `fstatat(2)` for a probe's lstat, where reading has no scope
+ *   (`--allow-ffi --allow-read`, `-A`). Deno reports a missing file only by
+ *   throwing, and an exception costs more than the system call (an lstat of
+ *   a missing file: 11 µs through `Deno.lstatSync`, against 3 µs for one
+ *   that exists and 0.7 µs through libc), so `held()` of a free lock was
+ *   9.6× a failed open in C (issue 17). Here the call returns -1 and errno
+ *   says ENOENT.
+ * - The `*at()` calls on a pinned directory's descriptor and the calls on a
+ *   lock file's (`_at_deno.ts`), where every permission is granted (`-A`):
+ *   Deno has no `*at()` calls, no `O_NOFOLLOW` and no `O_NONBLOCK`, and it
+ *   throws for every ENOENT and EEXIST the protocol expects.
  *
  * A path that is no C string (a NUL in it, or too long to encode) and a
- * process without the grant go through `Deno.lstatSync` as before.
+ * process without the grant go through Deno's ops as before.
  *
- * Loaded on the first probe, never at import.
+ * Loaded on the first probe or lock, never at import.
  *
  * @module
  */
@@ -22,13 +27,60 @@ import {
   STAT_BYTES,
   STAT_LAYOUT,
   STAT_VER,
+  statIsFile,
   type StatLayout,
 } from "./_stat.ts";
 import type { FileInfo } from "./types.ts";
 
-const AT_FDCWD = -100;
-const AT_SYMLINK_NOFOLLOW = 0x100;
+/** Linux's values, the same on x86-64 and arm64 (the only targets here). */
+export const AT_FDCWD = -100;
+export const AT_SYMLINK_NOFOLLOW = 0x100;
+export const O_CLOEXEC = 0o2000000;
+export const O_PATH = 0o10000000;
+export const O_DIRECTORY = 0o200000;
+export const O_NOFOLLOW = 0o400000;
+export const O_NONBLOCK = 0o4000;
+export const O_RDWR = 2;
+export const O_CREAT = 0o100;
+export const O_EXCL = 0o200;
+const F_DUPFD_CLOEXEC = 1030;
 const ENOENT = 2;
+const ENAMETOOLONG = 36;
+
+/**
+ * Linux errno numbers by name: for the errors Deno reports only as "(os
+ * error N)" (it gives an error code to the kinds it names, not to ENOLCK,
+ * EDQUOT...), and for libc's.
+ */
+export const ERRNO: Record<number, string> = {
+  1: "EPERM",
+  2: "ENOENT",
+  4: "EINTR",
+  5: "EIO",
+  6: "ENXIO",
+  9: "EBADF",
+  11: "EWOULDBLOCK",
+  12: "ENOMEM",
+  13: "EACCES",
+  16: "EBUSY",
+  17: "EEXIST",
+  18: "EXDEV",
+  20: "ENOTDIR",
+  21: "EISDIR",
+  22: "EINVAL",
+  23: "ENFILE",
+  24: "EMFILE",
+  27: "EFBIG",
+  28: "ENOSPC",
+  30: "EROFS",
+  31: "EMLINK",
+  36: "ENAMETOOLONG",
+  37: "ENOLCK",
+  38: "ENOSYS",
+  40: "ELOOP",
+  95: "EOPNOTSUPP",
+  122: "EDQUOT",
+};
 
 const CPU: Record<string, string> = { x86_64: "x64", aarch64: "arm64" };
 const cpu = CPU[Deno.build.arch] ?? "";
@@ -36,32 +88,72 @@ const cpu = CPU[Deno.build.arch] ?? "";
 const statBuf = new Uint8Array(STAT_BYTES);
 const statView = new DataView(statBuf.buffer);
 const encoder = new TextEncoder();
-// PATH_MAX (4096) bytes and its NUL; a longer path fails in the kernel.
-const pathBuf = new Uint8Array(4097);
+const decoder = new TextDecoder();
+// Two names (linkat names two files), each as long as any path the kernel
+// accepts (PATH_MAX, 4096 bytes, and its NUL); a longer one fails there.
+const nameA = new Uint8Array(4097);
+const nameB = new Uint8Array(4097);
+const linkBuf = new Uint8Array(4097);
 
-interface Bound {
-  fstatat(path: Uint8Array): number;
+/**
+ * The calls, with libc's conventions: -1 on failure, then
+ * {@linkcode Libc.errno} tells why. A name that cannot be a C string fails
+ * without a call, with ENAMETOOLONG (or ENOENT for a NUL, which Deno's ops
+ * refuse too).
+ */
+export interface Libc {
+  openat(dirfd: number, path: string, flags: number, mode: number): number;
+  linkat(dirfd: number, from: string, to: string): number;
+  unlinkat(dirfd: number, path: string): number;
+  /** `fstatat(dirfd, path, &st, flags)`; {@linkcode statInfo} decodes it. */
+  fstatat(dirfd: number, path: string, flags: number): number;
+  /** `fstat(fd, &st)`; {@linkcode statInfo} decodes it. */
+  fstat(fd: number): number;
+  flock(fd: number, operation: number): number;
+  pread(fd: number, buf: Uint8Array, count: number, offset: number): number;
+  write(fd: number, buf: Uint8Array, count: number): number;
+  fchmod(fd: number, mode: number): number;
+  /** `fcntl(fd, F_DUPFD_CLOEXEC, min)`. */
+  dupfd(fd: number, min: number): number;
+  close(fd: number): number;
+  /** `readlink(path)`, or `undefined` on failure. */
+  readlink(path: string): string | undefined;
+  /** The calling thread's errno, as the last call left it. */
   errno(): number;
-  layout: StatLayout;
 }
 
-let bound: Bound | undefined;
-let tried = false;
+/** Whether the last successful `fstatat`/`fstat` found a regular file. */
+export function statFile(): boolean {
+  return statIsFile(statView, layout!);
+}
 
-/** libc's fstatat, bound on first use, or `undefined` where it cannot be. */
-function bind(): Bound | undefined {
+/** The last successful `fstatat`/`fstat`, decoded. */
+export function statInfo(): FileInfo {
+  return decodeStat(statView, layout!);
+}
+
+const layout: StatLayout | undefined = Deno.build.os === "linux"
+  ? STAT_LAYOUT[cpu]
+  : undefined;
+
+let bound: Libc | undefined;
+let tried = false;
+// A call that failed before it was made (a name that is no C string).
+let pending = 0;
+
+/**
+ * libc, bound on first use, or `undefined` where it cannot be: not Linux
+ * x86-64 or arm64, no FFI grant (asked once per process, as the platform's
+ * other permission answers are), no libc.so.6, or a decoded `fstatat` of
+ * `/` that does not read as `Deno.lstatSync`'s.
+ */
+export function libc(): Libc | undefined {
   if (tried) return bound;
   tried = true;
-  const layout = Deno.build.os === "linux" ? STAT_LAYOUT[cpu] : undefined;
   if (!layout) return undefined;
   try {
-    // The FFI, and reading without a scope or a --deny-read: then Deno's
-    // op would never refuse a path that libc answers for. Asked once per
-    // process, as the platform's other permission answers are.
-    for (const name of ["ffi", "read"] as const) {
-      const { state, partial } = Deno.permissions.querySync({ name });
-      if (state !== "granted" || partial) return undefined;
-    }
+    const { state, partial } = Deno.permissions.querySync({ name: "ffi" });
+    if (state !== "granted" || partial) return undefined;
     const i32 = "i32";
     const { symbols: s } = Deno.dlopen(
       "libc.so.6",
@@ -72,29 +164,101 @@ function bind(): Bound | undefined {
           result: i32,
           optional: true,
         },
+        fstat: { parameters: [i32, "buffer"], result: i32, optional: true },
         // glibc before 2.33 (see STAT_VER).
         __fxstatat64: {
           parameters: [i32, i32, "buffer", "buffer", i32],
           result: i32,
           optional: true,
         },
+        __fxstat64: {
+          parameters: [i32, i32, "buffer"],
+          result: i32,
+          optional: true,
+        },
+        // Deno's FFI has no variadic calls. openat's mode and fcntl's
+        // third argument go as fixed arguments, which is how a variadic
+        // callee receives them on the two ABIs this file runs on (x86-64
+        // SysV: integer arguments in the same registers, %al only bounds
+        // the vector registers the callee saves; AAPCS64 on Linux:
+        // variadic arguments in registers like fixed ones).
+        openat: { parameters: [i32, "buffer", i32, i32], result: i32 },
+        fcntl: { parameters: [i32, i32, i32], result: i32 },
+        linkat: {
+          parameters: [i32, "buffer", i32, "buffer", i32],
+          result: i32,
+        },
+        unlinkat: { parameters: [i32, "buffer", i32], result: i32 },
+        flock: { parameters: [i32, i32], result: i32 },
+        // ssize_t results read as their low 32 bits: -1 stays -1, and no
+        // count here reaches 2 GiB.
+        pread: { parameters: [i32, "buffer", "usize", "i64"], result: i32 },
+        write: { parameters: [i32, "buffer", "usize"], result: i32 },
+        fchmod: { parameters: [i32, "u32"], result: i32 },
+        close: { parameters: [i32], result: i32 },
+        readlink: {
+          parameters: ["buffer", "buffer", "usize"],
+          result: "isize",
+        },
         __errno_location: { parameters: [], result: "pointer" },
       } as const,
     );
-    const at = s.fstatat;
-    const xat = s.__fxstatat64;
     const ver = STAT_VER[cpu];
+    const xat = s.__fxstatat64;
+    const xfd = s.__fxstat64;
+    const at = s.fstatat ??
+      (xat &&
+        ((d: number, p: Uint8Array, b: Uint8Array, f: number) =>
+          xat(ver, d, p, b, f)));
+    const fd = s.fstat ??
+      (xfd && ((n: number, b: Uint8Array) => xfd(ver, n, b)));
     const where = s.__errno_location();
-    if ((!at && !xat) || where === null) return undefined;
+    if (!at || !fd || where === null) return undefined;
     // The main thread's errno lives at one address for the thread's life
     // (a Worker loads its own copy of this module, on its own thread).
-    const errno = new Deno.UnsafePointerView(where);
-    const candidate: Bound = {
-      fstatat: at
-        ? (path) => at(AT_FDCWD, path, statBuf, AT_SYMLINK_NOFOLLOW)
-        : (path) => xat!(ver, AT_FDCWD, path, statBuf, AT_SYMLINK_NOFOLLOW),
-      errno: () => errno.getInt32(),
-      layout,
+    const view = new Deno.UnsafePointerView(where);
+    const errno = () => {
+      if (pending === 0) return view.getInt32();
+      const e = pending;
+      pending = 0;
+      return e;
+    };
+    const candidate: Libc = {
+      openat(dirfd, path, flags, mode) {
+        const p = cString(path, nameA);
+        return p ? s.openat(dirfd, p, flags, mode) : -1;
+      },
+      linkat(dirfd, from, to) {
+        const a = cString(from, nameA);
+        const b = a && cString(to, nameB);
+        return b ? s.linkat(dirfd, a, dirfd, b, 0) : -1;
+      },
+      unlinkat(dirfd, path) {
+        const p = cString(path, nameA);
+        return p ? s.unlinkat(dirfd, p, 0) : -1;
+      },
+      fstatat(dirfd, path, flags) {
+        const p = cString(path, nameA);
+        return p ? at(dirfd, p, statBuf, flags) : -1;
+      },
+      fstat: (n) => fd(n, statBuf),
+      flock: (n, op) => s.flock(n, op),
+      // Deno's FFI takes 64-bit arguments as bigints on its fast path
+      // (measured: a number there takes its slow path, ~0.7 µs more).
+      pread: (n, buf, count, offset) =>
+        s.pread(n, buf, BigInt(count), offset === 0 ? 0n : BigInt(offset)),
+      write: (n, buf, count) => s.write(n, buf, BigInt(count)),
+      fchmod: (n, mode) => s.fchmod(n, mode),
+      dupfd: (n, min) => s.fcntl(n, F_DUPFD_CLOEXEC, min),
+      close: (n) => s.close(n),
+      readlink(path) {
+        const p = cString(path, nameA);
+        if (!p) return undefined;
+        const n = Number(s.readlink(p, linkBuf, BigInt(linkBuf.length)));
+        if (n < 0 || n >= linkBuf.length) return undefined;
+        return decoder.decode(linkBuf.subarray(0, n));
+      },
+      errno,
     };
     if (agrees(candidate)) bound = candidate;
   } catch {
@@ -104,36 +268,50 @@ function bind(): Bound | undefined {
 }
 
 /** Whether the decoded `fstatat` of `/` reads as `Deno.lstatSync`'s. */
-function agrees(b: Bound): boolean {
-  const path = cString("/");
-  if (path === undefined || b.fstatat(path) !== 0) return false;
-  const ours = decodeStat(statView, b.layout);
+function agrees(l: Libc): boolean {
+  if (l.fstatat(AT_FDCWD, "/", AT_SYMLINK_NOFOLLOW) !== 0) return false;
+  const ours = statInfo();
   const theirs = Deno.lstatSync("/");
   return ours.dev === theirs.dev && ours.ino === theirs.ino &&
     ours.kind === "directory" && ours.mode === ((theirs.mode ?? 0) & 0o7777) &&
     ours.uid === theirs.uid && ours.size === theirs.size;
 }
 
-/** `s` as a C string, or `undefined` when it cannot be one. */
-function cString(s: string): Uint8Array | undefined {
-  if (s.includes("\0")) return undefined;
-  const { read, written } = encoder.encodeInto(s, pathBuf);
-  if (read !== s.length || written >= pathBuf.length) return undefined;
-  pathBuf[written] = 0;
-  return pathBuf;
+/**
+ * `s` as a C string in `buf`, or `undefined` when it cannot be one (then
+ * the next `errno()` is ENOENT for a NUL, ENAMETOOLONG for a long name).
+ */
+function cString(s: string, buf: Uint8Array): Uint8Array | undefined {
+  if (s.includes("\0")) {
+    pending = ENOENT;
+    return undefined;
+  }
+  const { read, written } = encoder.encodeInto(s, buf);
+  if (read !== s.length || written >= buf.length) {
+    pending = ENAMETOOLONG;
+    return undefined;
+  }
+  buf[written] = 0;
+  return buf;
 }
+
+let readOk: boolean | undefined;
 
 /**
  * `lstat(2)` of `path` through libc: its struct, `null` when it does not
  * exist (ENOENT), the errno of any other failure, or `undefined` when
- * libc cannot be asked here (then ask `Deno.lstatSync`).
+ * libc cannot be asked here (then ask `Deno.lstatSync`): it is asked only
+ * where reading has no scope and no --deny-read, so that Deno's op would
+ * never refuse a path that libc answers for.
  */
 export function lstatLibc(path: string): FileInfo | null | number | undefined {
-  const b = bound ?? bind();
-  if (b === undefined) return undefined;
-  const c = cString(path);
-  if (c === undefined) return undefined;
-  if (b.fstatat(c) === 0) return decodeStat(statView, b.layout);
-  const errno = b.errno();
+  if (readOk === undefined) {
+    const { state, partial } = Deno.permissions.querySync({ name: "read" });
+    readOk = state === "granted" && !partial;
+  }
+  const l = readOk ? bound ?? libc() : undefined;
+  if (l === undefined || path.includes("\0")) return undefined;
+  if (l.fstatat(AT_FDCWD, path, AT_SYMLINK_NOFOLLOW) === 0) return statInfo();
+  const errno = l.errno();
   return errno === ENOENT ? null : errno;
 }

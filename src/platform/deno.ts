@@ -9,7 +9,8 @@
  * @module
  */
 
-import { lstatLibc } from "./_libc_deno.ts";
+import { openAt, openDirAt } from "./_at_deno.ts";
+import { AT_FDCWD, ERRNO, type Libc, libc, lstatLibc } from "./_libc_deno.ts";
 import {
   type Dir,
   type FileInfo,
@@ -29,37 +30,6 @@ const BY_CLASS: [new (...args: never[]) => Error, string][] = [
   [Deno.errors.FilesystemLoop, "ELOOP"],
   [Deno.errors.NotSupported, "ENOTSUP"],
 ];
-
-// Linux errno numbers for the errors Deno reports only as "(os error N)"
-// (it gives an error code to the kinds it names, not to ENOLCK, EDQUOT...).
-const ERRNO: Record<number, string> = {
-  1: "EPERM",
-  2: "ENOENT",
-  4: "EINTR",
-  5: "EIO",
-  6: "ENXIO",
-  9: "EBADF",
-  12: "ENOMEM",
-  13: "EACCES",
-  16: "EBUSY",
-  17: "EEXIST",
-  18: "EXDEV",
-  20: "ENOTDIR",
-  21: "EISDIR",
-  22: "EINVAL",
-  23: "ENFILE",
-  24: "EMFILE",
-  27: "EFBIG",
-  28: "ENOSPC",
-  30: "EROFS",
-  31: "EMLINK",
-  36: "ENAMETOOLONG",
-  37: "ENOLCK",
-  38: "ENOSYS",
-  40: "ELOOP",
-  95: "EOPNOTSUPP",
-  122: "EDQUOT",
-};
 
 function sysError(err: unknown, syscall: string, path: string): SysError {
   if (err instanceof SysError) return err;
@@ -152,6 +122,16 @@ function need(name: "read" | "write", dir: string, syscall: string): void {
   }
   if (granted.size >= MAX_GRANTED) granted.clear();
   granted.add(key);
+}
+
+// libc's *at() calls (`_at_deno.ts`), or null where Deno's ops serve:
+// only with every permission granted, on Linux x86-64 and arm64.
+let atLibc: Libc | null | undefined;
+function at(): Libc | null {
+  if (atLibc === undefined) {
+    atLibc = LINUX && hasAllAccess() ? libc() ?? null : null;
+  }
+  return atLibc;
 }
 
 /** Whether a path has a `..` component. */
@@ -419,6 +399,8 @@ function createNew(path: string): Handle | "EEXIST" | "ENOENT" {
 }
 
 function openExisting(given: string): Handle | "ENOENT" {
+  const l = at();
+  if (l !== null) return openAt(l, AT_FDCWD, "", given);
   const path = kernelPath(given);
   if (path === null) return "ENOENT";
   // Deno.open has neither O_NOFOLLOW nor O_NONBLOCK, so lstat first: a
@@ -545,8 +527,10 @@ class DenoDir implements Dir {
 export const platform: Platform = {
   runtime: "deno",
   pid: Deno.pid,
-  // Deno.open has no O_NONBLOCK.
-  openMayBlock: true,
+  // Deno.open has no O_NONBLOCK; libc's open is given it.
+  get openMayBlock(): boolean {
+    return at() === null;
+  },
 
   realDir(given: string): string {
     try {
@@ -614,12 +598,22 @@ export const platform: Platform = {
   },
 
   openDir(given: string): Dir {
-    // Deno can name a directory descriptor only through node:fs (which
-    // costs every program the start-up of Deno's Node layer) and
-    // /proc/self/fd (which it allows only with all permissions): so the
-    // canonical path, resolved once. Re-pointed symlinks, `..` and chdir
-    // cannot move the lock; an exchange of real directories between two
-    // calls could (PROTOCOL.md, "Pinning the directory").
+    // With every permission, libc pins it by a descriptor, as on Node and
+    // Bun. Otherwise Deno can name a directory descriptor only through
+    // node:fs (which costs every program the start-up of Deno's Node
+    // layer): so the canonical path, resolved once. Re-pointed symlinks,
+    // `..` and chdir cannot move the lock; an exchange of real directories
+    // between two calls could (PROTOCOL.md, "Pinning the directory").
+    const l = at();
+    if (l !== null) {
+      return openDirAt(l, given, (path) => {
+        try {
+          return Deno.realPathSync(path);
+        } catch (err) {
+          throw sysError(err, "realpath", path);
+        }
+      });
+    }
     const path = existingPath(given, "realpath");
     need("read", path, "realpath");
     let real: string;

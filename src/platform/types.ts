@@ -186,7 +186,8 @@ export interface Platform {
   watchClose(path: string, onClose: () => void): (() => void) | undefined;
   /**
    * Whether opening a file can block (no `O_NONBLOCK`: a FIFO swapped in
-   * between the `lstat` and the `open` would hang it). Deno: true.
+   * between the `lstat` and the `open` would hang it). Deno: true, except
+   * with every permission (libc's open, given `O_NONBLOCK`).
    */
   readonly openMayBlock: boolean;
   /** The canonical path of a directory (`realpath`), or `""` if unknown. */

@@ -1,0 +1,359 @@
+/**
+ * The Deno platform's pinned directories and open files through libc
+ * (`_libc_deno.ts`), where every permission is granted (`-A`) on Linux
+ * x86-64 and arm64: every entry named relative to the directory's
+ * descriptor with the `*at()` calls, every file call on the file's
+ * descriptor, and the answers the protocol expects (ENOENT, EEXIST,
+ * EWOULDBLOCK) returned as values.
+ *
+ * Why: Deno's ops have no `*at()` calls, so a directory could be pinned
+ * only by its canonical path; no `O_NOFOLLOW` and no `O_NONBLOCK`, so a
+ * safe open took an lstat before it and an fstat after; and each expected
+ * ENOENT or EEXIST threw. An acquire and release made 14 system calls
+ * against the C floor's 9 (issue 17).
+ *
+ * Only with every permission: then Deno's own ops would refuse no path
+ * that libc is asked about, and resolve `..` as the kernel does.
+ *
+ * @module
+ */
+
+import {
+  AT_FDCWD,
+  AT_SYMLINK_NOFOLLOW,
+  ERRNO,
+  type Libc,
+  O_CLOEXEC,
+  O_CREAT,
+  O_DIRECTORY,
+  O_EXCL,
+  O_NOFOLLOW,
+  O_NONBLOCK,
+  O_PATH,
+  O_RDWR,
+  statFile,
+  statInfo,
+} from "./_libc_deno.ts";
+import { type Dir, type FileInfo, type Handle, SysError } from "./types.ts";
+
+const LOCK_SH = 1;
+const LOCK_EX = 2;
+const LOCK_NB = 4;
+const LOCK_UN = 8;
+const ENOENT = 2;
+const EINTR = 4;
+const ENXIO = 6;
+const EAGAIN = 11;
+const EEXIST = 17;
+
+const CREATE = O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC;
+// O_NONBLOCK: opening a FIFO must not hang. O_NOFOLLOW: ELOOP on a symlink.
+const OPEN_EXISTING = O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC;
+// O_PATH needs only search permission on the directory and reads nothing.
+const OPEN_DIR = O_PATH | O_DIRECTORY | O_CLOEXEC;
+
+/** The error for a failed `syscall` on `path`, worded as Deno words one. */
+export function errnoError(
+  errno: number,
+  syscall: string,
+  path: string,
+): SysError {
+  const name = ERRNO[errno] ?? "EUNKNOWN";
+  return new SysError(
+    name,
+    syscall,
+    `${syscall} '${path}': ${name} (os error ${errno})`,
+  );
+}
+
+/** `dir/name` for messages, or `name` when it is a whole path. */
+const named = (dir: string, name: string) =>
+  dir === "" ? name : `${dir}/${name}`;
+
+// One buffer for every read (records are at most 4 KiB).
+const scratch = new Uint8Array(4097);
+
+/** An open regular file; `dir` and `name` are only for messages. */
+class FdHandle implements Handle {
+  #l: Libc;
+  #fd: number;
+  #dir: string;
+  #name: string;
+
+  constructor(l: Libc, fd: number, dir: string, name: string) {
+    this.#l = l;
+    this.#fd = fd;
+    this.#dir = dir;
+    this.#name = name;
+  }
+
+  #flock(operation: number): boolean {
+    const l = this.#l;
+    for (;;) {
+      if (l.flock(this.#fd, operation) === 0) return true;
+      const errno = l.errno();
+      if (errno === EINTR) continue;
+      if (errno === EAGAIN) return false;
+      throw errnoError(errno, "flock", named(this.#dir, this.#name));
+    }
+  }
+
+  tryLock(exclusive: boolean): boolean {
+    return this.#flock((exclusive ? LOCK_EX : LOCK_SH) | LOCK_NB);
+  }
+
+  unlock(): void {
+    this.#flock(LOCK_UN);
+  }
+
+  write(data: Uint8Array): void {
+    const l = this.#l;
+    let done = 0;
+    while (done < data.length) {
+      const n = l.write(
+        this.#fd,
+        done === 0 ? data : data.subarray(done),
+        data.length - done,
+      );
+      if (n > 0) {
+        done += n;
+        continue;
+      }
+      const errno = n < 0 ? l.errno() : 5; // no progress: EIO
+      if (errno === EINTR) continue;
+      throw errnoError(errno, "write", named(this.#dir, this.#name));
+    }
+  }
+
+  readAll(max: number): Uint8Array {
+    const l = this.#l;
+    const buf = max <= scratch.length ? scratch : new Uint8Array(max);
+    let len = 0;
+    while (len < max) {
+      const n = l.pread(
+        this.#fd,
+        len === 0 ? buf : buf.subarray(len),
+        max - len,
+        len,
+      );
+      if (n < 0) {
+        const errno = l.errno();
+        if (errno === EINTR) continue;
+        throw errnoError(errno, "read", named(this.#dir, this.#name));
+      }
+      if (n === 0) break;
+      len += n;
+      // A regular file reads short only at its end: no second read.
+      if (len < max) break;
+    }
+    return buf.slice(0, len);
+  }
+
+  stat(): FileInfo {
+    const l = this.#l;
+    while (l.fstat(this.#fd) !== 0) {
+      const errno = l.errno();
+      if (errno !== EINTR) {
+        throw errnoError(errno, "fstat", named(this.#dir, this.#name));
+      }
+    }
+    return statInfo();
+  }
+
+  chmod(mode: number): void {
+    const l = this.#l;
+    while (l.fchmod(this.#fd, mode) !== 0) {
+      const errno = l.errno();
+      if (errno !== EINTR) {
+        throw errnoError(errno, "fchmod", named(this.#dir, this.#name));
+      }
+    }
+  }
+
+  closeFirstAtExit(): void {
+    // A Deno holder makes no inotify instance (its watch would keep the
+    // process alive: see the platform's watchDir), so there is nothing for
+    // the lock's descriptor to come before.
+  }
+
+  close(): void {
+    if (this.#fd < 0) return;
+    // Linux frees the descriptor (and the flock) whatever close returns.
+    this.#l.close(this.#fd);
+    this.#fd = -1;
+  }
+}
+
+/**
+ * Opens the existing regular file `name` relative to `dirfd` (`dir` names
+ * it in messages; AT_FDCWD and "" for a whole path), as
+ * {@linkcode Platform.openExisting} promises.
+ */
+export function openAt(
+  l: Libc,
+  dirfd: number,
+  dir: string,
+  name: string,
+): Handle | "ENOENT" {
+  let fd: number;
+  for (;;) {
+    fd = l.openat(dirfd, name, OPEN_EXISTING, 0);
+    if (fd >= 0) break;
+    const errno = l.errno();
+    if (errno === EINTR) continue;
+    if (errno === ENOENT) return "ENOENT";
+    // A UNIX socket cannot be opened: ENXIO. It is not a regular file.
+    if (errno === ENXIO) {
+      throw new SysError(
+        "EFTYPE",
+        "open",
+        `open '${named(dir, name)}': a socket`,
+      );
+    }
+    // ELOOP for a symlink (O_NOFOLLOW), which is never followed.
+    throw errnoError(errno, "open", named(dir, name));
+  }
+  while (l.fstat(fd) !== 0) {
+    const errno = l.errno();
+    if (errno === EINTR) continue;
+    l.close(fd);
+    throw errnoError(errno, "fstat", named(dir, name));
+  }
+  if (!statFile()) {
+    l.close(fd);
+    throw new SysError(
+      "EFTYPE",
+      "open",
+      `open '${named(dir, name)}': not a regular file`,
+    );
+  }
+  return new FdHandle(l, fd, dir, name);
+}
+
+/** `lstat` of `name` relative to `dirfd`, or `null` when it is missing. */
+export function lstatAt(
+  l: Libc,
+  dirfd: number,
+  dir: string,
+  name: string,
+): FileInfo | null {
+  while (l.fstatat(dirfd, name, AT_SYMLINK_NOFOLLOW) !== 0) {
+    const errno = l.errno();
+    if (errno === EINTR) continue;
+    if (errno === ENOENT) return null;
+    throw errnoError(errno, "lstat", named(dir, name));
+  }
+  return statInfo();
+}
+
+/**
+ * A directory pinned by its descriptor: every entry is named relative to
+ * it. `prefix`, its canonical path, names it for watches and messages
+ * (Deno's watches are counted by path, so one directory must always be
+ * named alike: not `/proc/self/fd/N`, which differs per lock). It is found
+ * when first asked for, which an acquire and release never do: from the
+ * descriptor (`/proc/self/fd/N`, one readlink), or by `realpath` of the
+ * path given where /proc cannot tell (not mounted, the directory removed,
+ * the descriptor closed).
+ */
+class FdDir implements Dir {
+  readonly byDescriptor = true;
+  #l: Libc;
+  // -1 once closed: a later call fails EBADF, never lands elsewhere.
+  #fd: number;
+  #given: string;
+  #realpath: (path: string) => string;
+  #prefix: string | undefined;
+
+  constructor(
+    l: Libc,
+    fd: number,
+    given: string,
+    realpath: (path: string) => string,
+  ) {
+    this.#l = l;
+    this.#fd = fd;
+    this.#given = given;
+    this.#realpath = realpath;
+  }
+
+  get prefix(): string {
+    if (this.#prefix === undefined) {
+      const real = this.#fd < 0
+        ? undefined
+        : this.#l.readlink(`/proc/self/fd/${this.#fd}`);
+      this.#prefix = real !== undefined && real.startsWith("/") &&
+          !real.endsWith(")")
+        ? real
+        : this.#realpath(this.#given);
+    }
+    return this.#prefix;
+  }
+
+  create(name: string): Handle | "EEXIST" | "ENOENT" {
+    const l = this.#l;
+    for (;;) {
+      const fd = l.openat(this.#fd, name, CREATE, 0o644);
+      if (fd >= 0) return new FdHandle(l, fd, this.prefix, name);
+      const errno = l.errno();
+      if (errno === EINTR) continue;
+      if (errno === EEXIST) return "EEXIST";
+      if (errno === ENOENT) return "ENOENT";
+      throw errnoError(errno, "open", `${this.prefix}/${name}`);
+    }
+  }
+
+  open(name: string): Handle | "ENOENT" {
+    return openAt(this.#l, this.#fd, this.prefix, name);
+  }
+
+  link(existing: string, created: string): "EEXIST" | "ENOENT" | undefined {
+    const l = this.#l;
+    while (l.linkat(this.#fd, existing, created) !== 0) {
+      const errno = l.errno();
+      if (errno === EINTR) continue;
+      if (errno === EEXIST) return "EEXIST";
+      if (errno === ENOENT) return "ENOENT";
+      throw errnoError(errno, "link", `${this.prefix}/${created}`);
+    }
+    return undefined;
+  }
+
+  unlink(name: string): "ENOENT" | undefined {
+    const l = this.#l;
+    while (l.unlinkat(this.#fd, name) !== 0) {
+      const errno = l.errno();
+      if (errno === EINTR) continue;
+      if (errno === ENOENT) return "ENOENT";
+      throw errnoError(errno, "unlink", `${this.prefix}/${name}`);
+    }
+    return undefined;
+  }
+
+  lstat(name: string): FileInfo | null {
+    return lstatAt(this.#l, this.#fd, this.prefix, name);
+  }
+
+  close(): void {
+    if (this.#fd < 0) return;
+    this.#l.close(this.#fd);
+    this.#fd = -1;
+  }
+}
+
+/**
+ * Pins `path` by an `O_PATH` descriptor (see `FdDir` for its `prefix`,
+ * which `realpath` finds where /proc cannot).
+ */
+export function openDirAt(
+  l: Libc,
+  path: string,
+  realpath: (path: string) => string,
+): Dir {
+  for (;;) {
+    const fd = l.openat(AT_FDCWD, path, OPEN_DIR, 0);
+    if (fd >= 0) return new FdDir(l, fd, path, realpath);
+    const errno = l.errno();
+    if (errno !== EINTR) throw errnoError(errno, "open", path);
+  }
+}
