@@ -146,7 +146,9 @@ export function checkGoals(input: GoalInput): Goal[] {
         const a = find("acquire", "deno:acquireSync");
         const b = find("acquire", "deno:bareAcquire");
         return a && b
-          ? ` (${fmt(b.best)} µs): ${fmt(a.best - b.best)} µs more`
+          ? ` (${fmt(b.best)} µs): ${fmt(Math.abs(a.best - b.best))} µs ${
+            a.best >= b.best ? "more" : "less"
+          }`
           : "";
       })()
     }${calls("deno:acquireSync", "acquire")}${

@@ -66,9 +66,18 @@ export function errnoError(
   );
 }
 
+/**
+ * Where a file is, for messages: a directory's path ("" when the name is a
+ * whole path), or the pinned directory, whose path is found only if a
+ * message needs it.
+ */
+type Where = string | { readonly prefix: string };
+
 /** `dir/name` for messages, or `name` when it is a whole path. */
-const named = (dir: string, name: string) =>
-  dir === "" ? name : `${dir}/${name}`;
+const named = (dir: Where, name: string) => {
+  const path = typeof dir === "string" ? dir : dir.prefix;
+  return path === "" ? name : `${path}/${name}`;
+};
 
 // One buffer for every read (records are at most 4 KiB).
 const scratch = new Uint8Array(4097);
@@ -77,10 +86,10 @@ const scratch = new Uint8Array(4097);
 class FdHandle implements Handle {
   #l: Libc;
   #fd: number;
-  #dir: string;
+  #dir: Where;
   #name: string;
 
-  constructor(l: Libc, fd: number, dir: string, name: string) {
+  constructor(l: Libc, fd: number, dir: Where, name: string) {
     this.#l = l;
     this.#fd = fd;
     this.#dir = dir;
@@ -192,7 +201,7 @@ class FdHandle implements Handle {
 export function openAt(
   l: Libc,
   dirfd: number,
-  dir: string,
+  dir: Where,
   name: string,
 ): Handle | "ENOENT" {
   let fd: number;
@@ -234,7 +243,7 @@ export function openAt(
 export function lstatAt(
   l: Libc,
   dirfd: number,
-  dir: string,
+  dir: Where,
   name: string,
 ): FileInfo | null {
   while (l.fstatat(dirfd, name, AT_SYMLINK_NOFOLLOW) !== 0) {
@@ -254,7 +263,7 @@ export function lstatAt(
  * when first asked for, which an acquire and release never do: from the
  * descriptor (`/proc/self/fd/N`, one readlink), or by `realpath` of the
  * path given where /proc cannot tell (not mounted, the directory removed,
- * the descriptor closed).
+ * the descriptor closed), or the path as given where neither can.
  */
 class FdDir implements Dir {
   readonly byDescriptor = true;
@@ -282,10 +291,17 @@ class FdDir implements Dir {
       const real = this.#fd < 0
         ? undefined
         : this.#l.readlink(`/proc/self/fd/${this.#fd}`);
-      this.#prefix = real !== undefined && real.startsWith("/") &&
-          !real.endsWith(")")
-        ? real
-        : this.#realpath(this.#given);
+      if (real !== undefined && real.startsWith("/") && !real.endsWith(")")) {
+        this.#prefix = real;
+      } else {
+        // Never an error of its own: a message about another failure may be
+        // what asks (then, with the directory gone, the path as given).
+        try {
+          this.#prefix = this.#realpath(this.#given);
+        } catch {
+          return this.#given;
+        }
+      }
     }
     return this.#prefix;
   }
@@ -294,17 +310,17 @@ class FdDir implements Dir {
     const l = this.#l;
     for (;;) {
       const fd = l.openat(this.#fd, name, CREATE, 0o644);
-      if (fd >= 0) return new FdHandle(l, fd, this.prefix, name);
+      if (fd >= 0) return new FdHandle(l, fd, this, name);
       const errno = l.errno();
       if (errno === EINTR) continue;
       if (errno === EEXIST) return "EEXIST";
       if (errno === ENOENT) return "ENOENT";
-      throw errnoError(errno, "open", `${this.prefix}/${name}`);
+      throw errnoError(errno, "open", named(this, name));
     }
   }
 
   open(name: string): Handle | "ENOENT" {
-    return openAt(this.#l, this.#fd, this.prefix, name);
+    return openAt(this.#l, this.#fd, this, name);
   }
 
   link(existing: string, created: string): "EEXIST" | "ENOENT" | undefined {
@@ -314,7 +330,7 @@ class FdDir implements Dir {
       if (errno === EINTR) continue;
       if (errno === EEXIST) return "EEXIST";
       if (errno === ENOENT) return "ENOENT";
-      throw errnoError(errno, "link", `${this.prefix}/${created}`);
+      throw errnoError(errno, "link", named(this, created));
     }
     return undefined;
   }
@@ -325,13 +341,13 @@ class FdDir implements Dir {
       const errno = l.errno();
       if (errno === EINTR) continue;
       if (errno === ENOENT) return "ENOENT";
-      throw errnoError(errno, "unlink", `${this.prefix}/${name}`);
+      throw errnoError(errno, "unlink", named(this, name));
     }
     return undefined;
   }
 
   lstat(name: string): FileInfo | null {
-    return lstatAt(this.#l, this.#fd, this.prefix, name);
+    return lstatAt(this.#l, this.#fd, this, name);
   }
 
   close(): void {
