@@ -3,7 +3,13 @@
 // have no permission system, so these tests are skipped there.)
 import assert from "node:assert/strict";
 import { spawnSync } from "node:child_process";
-import { existsSync, mkdirSync, symlinkSync, writeFileSync } from "node:fs";
+import {
+  existsSync,
+  mkdirSync,
+  readdirSync,
+  symlinkSync,
+  writeFileSync,
+} from "node:fs";
 import { join } from "node:path";
 import { describe, test } from "node:test";
 import { Child, deadPid, fixtureCommand, tempDir } from "./_helpers.ts";
@@ -205,6 +211,35 @@ describe("Deno permissions", { skip: !isDeno }, () => {
       await all.kill();
       await scoped?.kill();
       cleanup();
+    }
+  });
+
+  test("a permission revoked at run time holds for every later lock and probe, with --allow-all too; a held lock still ends", () => {
+    for (const name of ["write", "read"]) {
+      const { dir, cleanup } = tempDir();
+      try {
+        const held = join(dir, "held");
+        const other = join(dir, "other");
+        mkdirSync(held);
+        mkdirSync(other);
+        const [cmd, args] = fixtureCommand(
+          "revoke.ts",
+          [held, other, name],
+          ["--allow-all", "--no-prompt"],
+        );
+        const run = spawnSync(cmd, args, { encoding: "utf8", timeout: 20_000 });
+        assert.equal(run.status, 0, run.stderr);
+        const result = JSON.parse(run.stdout.trim());
+        assert.deepEqual(result, {
+          acquire: "LockPermissionError",
+          inspect: name === "read" ? "LockPermissionError" : "free",
+          release: "ok",
+        }, name);
+        assert.deepEqual(readdirSync(other), [], name);
+        assert.deepEqual(readdirSync(held), [], name);
+      } finally {
+        cleanup();
+      }
     }
   });
 });

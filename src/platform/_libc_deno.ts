@@ -297,6 +297,11 @@ function cString(s: string, buf: Uint8Array): Uint8Array | undefined {
 
 let readOk: boolean | undefined;
 
+/** Asks the read permission again at the next `lstatLibc` (it changed). */
+export function forgetReadGrant(): void {
+  readOk = undefined;
+}
+
 /**
  * `lstat(2)` of `path` through libc: its struct, `null` when it does not
  * exist (ENOENT), the errno of any other failure, or `undefined` when

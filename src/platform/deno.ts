@@ -10,7 +10,14 @@
  */
 
 import { openAt, openDirAt } from "./_at_deno.ts";
-import { AT_FDCWD, ERRNO, type Libc, libc, lstatLibc } from "./_libc_deno.ts";
+import {
+  AT_FDCWD,
+  ERRNO,
+  forgetReadGrant,
+  type Libc,
+  libc,
+  lstatLibc,
+} from "./_libc_deno.ts";
 import {
   type Dir,
   type FileInfo,
@@ -75,25 +82,42 @@ function parent(path: string): string {
 // Whether every permission is granted without scope and without a --deny
 // (`--allow-all`, or every flag): permission checks can then be skipped,
 // and /proc may be read (Deno refuses /proc paths with anything less:
-// "Requires all access"). Asked once per process: a program that revokes a
-// permission at run time after its first lock may meet a prompt.
+// "Requires all access"). Asked once, and asked again after any change of a
+// permission (`Deno.permissions.revoke` or `request`): every answer cached
+// here is forgotten then, so a revoked grant holds for every later call.
 let allAccess: boolean | undefined;
 const ALL = ["read", "write", "net", "env", "sys", "run", "ffi", "import"];
+let listening = false;
 
 function hasAllAccess(): boolean {
   if (allAccess === undefined) {
-    allAccess = ALL.every((name) => {
+    // Each name is asked (no short cut): Deno tells of a change only
+    // through a status it has handed out.
+    let all = true;
+    for (const name of ALL) {
       try {
         const status = Deno.permissions.querySync(
           { name } as Deno.PermissionDescriptor,
         );
-        return status.state === "granted" && !status.partial;
+        if (!listening) status.addEventListener("change", forgetGrants);
+        if (status.state !== "granted" || status.partial) all = false;
       } catch {
-        return false;
+        all = false;
       }
-    });
+    }
+    listening = true;
+    allAccess = all;
   }
   return allAccess;
+}
+
+/** Forgets every cached permission answer (a permission changed). */
+function forgetGrants(): void {
+  allAccess = undefined;
+  atLibc = undefined;
+  runGranted = undefined;
+  granted.clear();
+  forgetReadGrant();
 }
 
 // Permission answers that were "granted", per "read:/abs/dir". Only grants
