@@ -138,8 +138,11 @@ export interface Lock extends Disposable, AsyncDisposable {
   readonly signal: AbortSignal;
   /**
    * Whether the file at {@linkcode Lock.path} is still the one this lock
-   * created. `false` when someone deleted or replaced it behind our back
-   * (so another run may be active), or once released. One `lstat`.
+   * created. `false` when someone deleted or replaced it behind our back,
+   * or renamed its directory and made another in its place (so another run
+   * may be active), or once released. A loss it finds aborts
+   * {@linkcode Lock.signal}, as the periodic check would. Two `lstat`s: the
+   * path as it was found, and the name in the pinned directory.
    */
   isOwned(): boolean;
   /**
@@ -198,6 +201,18 @@ class RunLock implements Lock {
     this.#tick = every(checkInterval, () => this.#onTick());
   }
 
+  /**
+   * Where the directory is pinned by a descriptor, its path can move away
+   * from the lock (the directory renamed, another made in its place, where
+   * a new run may start): remembers, once, where the file is now.
+   */
+  #nameIt(): void {
+    const pinned = this.#target.pinned;
+    if (this.#named !== undefined || !pinned.byDescriptor) return;
+    const dir = p.realDir(pinned.prefix);
+    if (dir !== "") this.#named = within(dir, this.#target.name);
+  }
+
   #onTick(): void {
     if (this.#handle === undefined) return;
     if (!this.#watching) {
@@ -205,13 +220,7 @@ class RunLock implements Lock {
       // Before the watch: its inotify descriptor must come below ours.
       this.#handle.closeFirstAtExit();
       const target = this.#target;
-      // Where the directory is pinned by a descriptor, its path can move
-      // away from the lock (the directory renamed, another made in its
-      // place, where a new run may start): remember where the file is now.
-      if (target.pinned.byDescriptor) {
-        const dir = p.realDir(target.pinned.prefix);
-        if (dir !== "") this.#named = within(dir, target.name);
-      }
+      this.#nameIt();
       this.#listener = listen(target.pinned, target.name, (moved) => {
         // Nobody else creates, removes or renames our name while we hold
         // it: such an event is a loss even if the file is back by the time
@@ -323,14 +332,21 @@ class RunLock implements Lock {
   }
 
   isOwned(): boolean {
-    if (this.#handle === undefined) return false;
+    if (this.#handle === undefined || this.#reason !== undefined) return false;
+    // The periodic check's question, asked now: the name as it was found
+    // and the pinned directory both still name our file. A loss found here
+    // is reported to the signal as the check would.
+    let loss: LockLostError | undefined;
     try {
-      const now = this.#target.pinned.lstat(this.#target.name);
-      return now !== null && now.dev === this.#id.dev &&
-        now.ino === this.#id.ino;
+      this.#nameIt(); // before the first check, the first call names it
+      loss = this.#loss();
     } catch {
       return false;
     }
+    if (loss === undefined) return true;
+    this.#stopWatching();
+    this.#lose(loss);
+    return false;
   }
 
   releaseSync(): void {
@@ -372,6 +388,10 @@ class RunLock implements Lock {
       this.#lose(error);
       throw error;
     }
+    // Our own file, removed, after a loss that left it in place (its
+    // directory renamed and replaced, or moved away and back): exclusion
+    // was broken all the same, so release says so.
+    if (this.#reason !== undefined) throw this.#reason;
   }
 
   release(): Promise<void> {

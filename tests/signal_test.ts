@@ -9,10 +9,12 @@ import {
   readFileSync,
   readlinkSync,
   renameSync,
+  symlinkSync,
   unlinkSync,
   writeFileSync,
 } from "node:fs";
 import { join } from "node:path";
+import process from "node:process";
 import { describe, test } from "node:test";
 import { setTimeout as sleep } from "node:timers/promises";
 import { acquire, acquireSync, LockLostError } from "../mod.ts";
@@ -241,6 +243,51 @@ describe("losses that leave the file in place", () => {
         await other.kill();
       }
       await lock.release().catch(() => {});
+    } finally {
+      cleanup();
+    }
+  });
+
+  test("the lock's directory renamed and another made in its place: isOwned() says so at once, and the signal aborts with it", async () => {
+    const { dir, cleanup } = tempDir();
+    try {
+      const state = join(dir, "state");
+      mkdirSync(state);
+      const path = join(state, "run.lock");
+      // No periodic check in this test's time: isOwned() itself must look.
+      const lock = await acquire(path, { checkInterval: 600_000 });
+      assert.equal(lock.isOwned(), true);
+      renameSync(state, join(dir, "state.old"));
+      mkdirSync(state);
+      assert.equal(lock.isOwned(), false);
+      assert.ok(lock.signal.aborted);
+      assert.match(
+        (lock.signal.reason as LockLostError).what,
+        /^was moved away from its path/,
+      );
+      await assert.rejects(lock.release(), LockLostError);
+      assert.deepEqual(readdirSync(join(dir, "state.old")), []);
+    } finally {
+      cleanup();
+    }
+  });
+
+  test("the lock's directory renamed and a symlink to it put in its place: the path still names the file, so the lock is kept", async () => {
+    const { dir, cleanup } = tempDir();
+    try {
+      const state = join(dir, "state");
+      mkdirSync(state);
+      const path = join(state, "run.lock");
+      const lock = await acquire(path, { checkInterval: 600_000 });
+      renameSync(state, join(dir, "state.old"));
+      symlinkSync("state.old", state);
+      assert.equal(lock.isOwned(), true);
+      // Another run through the path meets this lock's file and its flock.
+      const other = new Child("child.ts", ["try", path]);
+      assert.equal((await other.expect("held")).holder, process.pid);
+      assert.equal(lock.signal.aborted, false);
+      await lock.release();
+      assert.deepEqual(readdirSync(join(dir, "state.old")), []);
     } finally {
       cleanup();
     }
