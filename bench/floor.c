@@ -16,7 +16,7 @@
  *                  flock(LOCK_EX|LOCK_NB), write(record), link(T, P),
  *                  unlink(T), fstat (remember dev, ino); release: lstat(P)
  *                  and compare, unlink(P), close
- *   probe          open(P, O_RDONLY|O_NOFOLLOW|O_NONBLOCK|O_CLOEXEC),
+ *   probe          open(P, O_RDONLY|O_NOFOLLOW|O_NONBLOCK|O_NOCTTY|O_CLOEXEC),
  *                  flock(LOCK_SH|LOCK_NB), read, close: what inspect() needs
  *   probe_noread   open, flock(LOCK_SH|LOCK_NB), close: what held() needs
  *                  when the flock answers (a held lock, or a free one:
@@ -126,7 +126,7 @@ static char probe_buf[MAX_RECORD + 1];
 
 /* Returns 1 when held, 0 when not, -1 when missing. */
 static int probe_at(int dirfd, const char *path, int want_read) {
-  int fd = openat(dirfd, path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  int fd = openat(dirfd, path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
   if (fd < 0) {
     if (errno == ENOENT) return -1;
     die("open", path);

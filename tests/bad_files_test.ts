@@ -25,7 +25,13 @@ import {
   InvalidLockFileError,
   RunlockError,
 } from "../mod.ts";
-import { Child, cliCommand, deadPid, tempDir } from "./_helpers.ts";
+import {
+  Child,
+  cliCommand,
+  deadPid,
+  fixtureCommand,
+  tempDir,
+} from "./_helpers.ts";
 
 function snapshot(path: string): string {
   const s = lstatSync(path);
@@ -165,6 +171,46 @@ describe("bad lock files", () => {
       await assertRefused(path, /not a regular file/);
     } finally {
       await new Promise((resolve) => server.close(resolve));
+      cleanup();
+    }
+  });
+
+  test("a terminal at the path is refused, and opening it never makes it the controlling terminal of a session leader (O_NOCTTY)", async (t) => {
+    const { dir, cleanup } = tempDir();
+    const pty = new Child("", [], undefined, [
+      "python3",
+      new URL("./fixtures/pty_slave.py", import.meta.url).pathname,
+    ]);
+    const path = join(dir, "run.lock");
+    let mounted = false;
+    try {
+      const slave = String((await pty.next()).text);
+      // The terminal itself at the lock's path: a bind mount (a device
+      // node made with mknod would name the host's terminals in a
+      // container, not this one).
+      writeFileSync(path, "");
+      mounted = spawnSync("mount", ["--bind", slave, path]).status === 0;
+      if (!mounted) {
+        t.skip("bind-mounting a terminal at the path needs root");
+        return;
+      }
+      // A new session without a terminal, as a daemon's: the first
+      // terminal it opens without O_NOCTTY becomes its own.
+      const [cmd, args] = fixtureCommand("ctty.ts", [path]);
+      const run = spawnSync("setsid", ["-w", cmd, ...args], {
+        encoding: "utf8",
+        timeout: 30_000,
+      });
+      assert.equal(run.status, 0, run.stderr);
+      const result = JSON.parse(run.stdout.trim());
+      assert.equal(result.tty, 0, "the terminal became the controlling one");
+      assert.equal(result.acquire, "InvalidLockFileError");
+      assert.equal(result.held, "InvalidLockFileError");
+      assert.equal(result.inspect, "ok");
+      assert.ok(lstatSync(path).isCharacterDevice(), "left as it was");
+    } finally {
+      if (mounted) spawnSync("umount", [path]);
+      await pty.kill();
       cleanup();
     }
   });

@@ -221,7 +221,13 @@ describe("the *at() calls on the pinned directory", {
       assert.equal(m?.[1], path, show(t));
       const flags = m![2].split("|");
       for (
-        const flag of ["O_RDONLY", "O_NOFOLLOW", "O_NONBLOCK", "O_CLOEXEC"]
+        const flag of [
+          "O_RDONLY",
+          "O_NOFOLLOW",
+          "O_NONBLOCK",
+          "O_NOCTTY",
+          "O_CLOEXEC",
+        ]
       ) {
         assert.ok(flags.includes(flag), `${flag}: ${show(t)}`);
       }

@@ -27,6 +27,7 @@ import {
   O_CREAT,
   O_DIRECTORY,
   O_EXCL,
+  O_NOCTTY,
   O_NOFOLLOW,
   O_NONBLOCK,
   O_PATH,
@@ -48,7 +49,9 @@ const EEXIST = 17;
 
 const CREATE = O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC;
 // O_NONBLOCK: opening a FIFO must not hang. O_NOFOLLOW: ELOOP on a symlink.
-const OPEN_EXISTING = O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC;
+// O_NOCTTY: a terminal put at the path never becomes the controlling
+// terminal of a process without one (a daemon that leads its session).
+const OPEN_EXISTING = O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC;
 // O_PATH needs only search permission on the directory and reads nothing.
 const OPEN_DIR = O_PATH | O_DIRECTORY | O_CLOEXEC;
 
@@ -216,7 +219,7 @@ export function openAt(
       throw new SysError(
         "EFTYPE",
         "open",
-        `open '${named(dir, name)}': a socket`,
+        `open '${named(dir, name)}': a socket, or a device without a driver`,
       );
     }
     // ELOOP for a symlink (O_NOFOLLOW), which is never followed.

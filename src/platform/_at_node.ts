@@ -51,8 +51,10 @@ export function ffi(): Libc | null {
 
 const CREATE = fsc.O_RDWR | fsc.O_CREAT | fsc.O_EXCL | O_CLOEXEC;
 // O_NONBLOCK: opening a FIFO must not hang. O_NOFOLLOW: ELOOP on a symlink.
+// O_NOCTTY: a terminal put at the path never becomes the controlling
+// terminal of a process without one (a daemon that leads its session).
 const OPEN_EXISTING = fsc.O_RDONLY | fsc.O_NOFOLLOW | fsc.O_NONBLOCK |
-  O_CLOEXEC;
+  (fsc.O_NOCTTY ?? 0) | O_CLOEXEC;
 // A directory to pin: O_PATH on Linux (needs only search permission, reads
 // nothing), else read-only.
 export const OPEN_DIR = (process.platform === "linux" ? O_PATH : fsc.O_RDONLY) |
@@ -216,7 +218,7 @@ export function openAt(
       throw new SysError(
         "EFTYPE",
         "open",
-        `open '${named(dir, name)}': a socket`,
+        `open '${named(dir, name)}': a socket, or a device without a driver`,
       );
     }
     // ELOOP for a symlink (O_NOFOLLOW), which is never followed.

@@ -154,7 +154,10 @@ class FsHandle implements Handle {
 // the lock.
 const CREATE = fsc.O_RDWR | fsc.O_CREAT | fsc.O_EXCL;
 // O_NONBLOCK: opening a FIFO must not hang. O_NOFOLLOW: ELOOP on a symlink.
-const OPEN_EXISTING = fsc.O_RDONLY | fsc.O_NOFOLLOW | fsc.O_NONBLOCK;
+// O_NOCTTY: a terminal put at the path never becomes the controlling
+// terminal of a process without one (a daemon that leads its session).
+const OPEN_EXISTING = fsc.O_RDONLY | fsc.O_NOFOLLOW | fsc.O_NONBLOCK |
+  (fsc.O_NOCTTY ?? 0);
 
 function createNew(path: string): Handle | "EEXIST" | "ENOENT" {
   try {
@@ -176,7 +179,11 @@ export function fsOpenExisting(path: string): Handle | "ENOENT" {
     if (code === "ENOENT") return code;
     // A UNIX socket cannot be opened: ENXIO. It is not a regular file.
     if (code === "ENXIO") {
-      throw new SysError("EFTYPE", "open", `open '${path}': a socket`);
+      throw new SysError(
+        "EFTYPE",
+        "open",
+        `open '${path}': a socket, or a device without a driver`,
+      );
     }
     throw sysError(err, "open", path);
   }

@@ -40,6 +40,7 @@ export const O_PATH = 0o10000000;
 export const O_DIRECTORY = 0o200000;
 export const O_NOFOLLOW = 0o400000;
 export const O_NONBLOCK = 0o4000;
+export const O_NOCTTY = 0o400;
 export const O_RDWR = 2;
 export const O_CREAT = 0o100;
 export const O_EXCL = 0o200;
