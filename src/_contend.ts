@@ -27,6 +27,7 @@ import {
   unreadable,
   within,
 } from "./_protocol.ts";
+import { ownEvent } from "./_watch.ts";
 
 /** What contend() decided. */
 export type Verdict =
@@ -44,7 +45,10 @@ function removeStale(target: Target, ours: FileInfo): Verdict {
   // so a fresh lock is never deleted.
   try {
     if (sameFile(target.pinned.lstat(target.name), ours)) {
-      target.pinned.unlink(target.name); // "ENOENT": gone already, as good
+      // "ENOENT": gone already, as good.
+      if (target.pinned.unlink(target.name) !== "ENOENT") {
+        ownEvent(target.pinned, target.name);
+      }
     }
   } catch (err) {
     const code = errnoOf(err);

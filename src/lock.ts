@@ -24,7 +24,13 @@ import {
 import { attemptLoop, pin, runSync } from "./_attempt.ts";
 import { probe } from "./_probe.ts";
 import { every, type Tick } from "./_timer.ts";
-import { fileKey, listen, type Listener, listenFile } from "./_watch.ts";
+import {
+  fileKey,
+  listen,
+  type Listener,
+  listenFile,
+  ownEvent,
+} from "./_watch.ts";
 import { ContendedError, HeldError, LockLostError } from "./errors.ts";
 import { checkMeta, type Meta } from "./meta.ts";
 import { MAX_RECORD_BYTES, metaLines } from "./record.ts";
@@ -369,6 +375,8 @@ class RunLock implements Lock {
         lost = "was replaced by another file";
       } else if (target.pinned.unlink(target.name) === "ENOENT") {
         lost = "was deleted";
+      } else {
+        ownEvent(target.pinned, target.name);
       }
     } catch (err) {
       if (errnoOf(err) === "ENOENT") {

@@ -62,6 +62,40 @@ describe("one watch per directory", () => {
     }
   });
 
+  test(
+    "a lock taken right after its name's release, beside another lock that keeps the directory's watch open, is never lost: our own unlink and link are no move (Node, Bun)",
+    {
+      skip: runtime === "deno" &&
+        "Deno's held locks have no watch (it would keep the process alive)",
+    },
+    async () => {
+      const { dir, cleanup } = tempDir();
+      try {
+        const keep = await acquire(join(dir, "keep.lock"), {
+          checkInterval: 5,
+        });
+        await new Promise((resolve) => setTimeout(resolve, 0)); // its watch
+        const losses: string[] = [];
+        for (let i = 0; i < 300; i++) {
+          const lock = await acquire(join(dir, "run.lock"), {
+            checkInterval: 1,
+          });
+          // Let the watch's queued events (the last release, this link)
+          // arrive, before and after the lock's listener begins.
+          await new Promise((resolve) => setImmediate(resolve));
+          await new Promise((resolve) => setTimeout(resolve, i % 3));
+          if (lock.signal.aborted) losses.push(String(lock.signal.reason));
+          await lock.release().catch((err) => losses.push(String(err)));
+        }
+        assert.deepEqual(losses.slice(0, 3), []);
+        assert.equal(keep.signal.aborted, false);
+        await keep.release();
+      } finally {
+        cleanup();
+      }
+    },
+  );
+
   test("20 waiters of one process on one lock share one watch, of the lock file itself (other names' events never reach them); a release wakes them", async () => {
     const { dir, cleanup } = tempDir();
     const holder = new Child("watch_many.ts", ["hold", dir, "1", "0"]);
