@@ -210,13 +210,30 @@ class RunLock implements Lock {
   /**
    * Where the directory is pinned by a descriptor, its path can move away
    * from the lock (the directory renamed, another made in its place, where
-   * a new run may start): remembers, once, where the file is now.
+   * a new run may start): remembers, once, where the file is now. Only a
+   * path that names the pinned directory itself now is remembered (a name
+   * read some other way, after a symlink on the way was re-pointed or a
+   * chdir, would name another directory: a false loss).
    */
   #nameIt(): void {
     const pinned = this.#target.pinned;
     if (this.#named !== undefined || !pinned.byDescriptor) return;
     const dir = p.realDir(pinned.prefix);
-    if (dir !== "") this.#named = within(dir, this.#target.name);
+    if (dir === "") return;
+    try {
+      const here = pinned.lstat(".");
+      const there = p.lstat(dir);
+      if (
+        here === null || there === null || here.dev !== there.dev ||
+        here.ino !== there.ino
+      ) {
+        this.#named = ""; // unnamed: the pinned directory alone decides
+        return;
+      }
+    } catch {
+      return;
+    }
+    this.#named = within(dir, this.#target.name);
   }
 
   #onTick(): void {
@@ -276,7 +293,7 @@ class RunLock implements Lock {
     // A failed read of the name proves nothing (the pinned read decides).
     let named: FileInfo | null | undefined;
     try {
-      if (this.#named !== undefined) named = p.lstat(this.#named);
+      if (this.#named) named = p.lstat(this.#named);
     } catch {
       named = undefined;
     }

@@ -11,6 +11,7 @@ import {
   renameSync,
   rmSync,
   symlinkSync,
+  unlinkSync,
   writeFileSync,
 } from "node:fs";
 import { join } from "node:path";
@@ -348,6 +349,43 @@ describe("paths with ..", () => {
 });
 
 describe("a relative path and a later chdir", () => {
+  test("a directory whose name ends in ')' or ' (deleted)', reached through a symlink re-pointed or a relative path and a chdir before the lock's first look, is still owned: no false LockLostError", async () => {
+    const { dir, cleanup } = tempDir();
+    const cwd = process.cwd();
+    try {
+      for (const tail of [" (rc)", " (deleted)"]) {
+        const v1 = join(dir, `v1${tail}`);
+        const v2 = join(dir, `v2${tail}`);
+        mkdirSync(v1);
+        mkdirSync(v2);
+        const current = join(dir, "current");
+        symlinkSync(v1, current);
+        // No periodic check: isOwned() is the lock's first look, made
+        // after the symlink moved on.
+        const a = await acquire(join(current, "run.lock"), {
+          checkInterval: 0,
+        });
+        unlinkSync(current);
+        symlinkSync(v2, current);
+        assert.equal(a.isOwned(), true, tail);
+        await a.release();
+        assert.deepEqual(readdirSync(v1), [], tail);
+
+        process.chdir(v1);
+        const b = await acquire("run.lock", { checkInterval: 0 });
+        process.chdir(v2);
+        assert.equal(b.isOwned(), true, tail);
+        await b.release();
+        assert.deepEqual(readdirSync(v1), [], tail);
+        process.chdir(cwd);
+        unlinkSync(current);
+      }
+    } finally {
+      process.chdir(cwd);
+      cleanup();
+    }
+  });
+
   test("release() removes the file it took, in the first directory, without a false LockLostError", async () => {
     const { dir, cleanup } = tempDir();
     const cwd = process.cwd();

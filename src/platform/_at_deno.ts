@@ -294,7 +294,13 @@ class FdDir implements Dir {
       const real = this.#fd < 0
         ? undefined
         : this.#l.readlink(`/proc/self/fd/${this.#fd}`);
-      if (real !== undefined && real.startsWith("/") && !real.endsWith(")")) {
+      // The kernel's name of the directory, unless it was removed (then
+      // " (deleted)" ends it; a live one may end so too, and is named the
+      // other way: the lock checks that a name names its directory).
+      if (
+        real !== undefined && real.startsWith("/") &&
+        !real.endsWith(" (deleted)")
+      ) {
         this.#prefix = real;
       } else {
         // Never an error of its own: a message about another failure may be
