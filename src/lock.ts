@@ -148,14 +148,20 @@ export interface Lock extends Disposable, AsyncDisposable {
    * or renamed its directory and made another in its place (so another run
    * may be active), or once released. A loss it finds aborts
    * {@linkcode Lock.signal}, as the periodic check would. Two `lstat`s: the
-   * path as it was found, and the name in the pinned directory.
+   * path as it was found, and the name in the pinned directory. That path
+   * is read at the lock's first check or first `isOwned()`, whichever comes
+   * first: a directory renamed before that (within the first turn of the
+   * event loop, or with `checkInterval: 0` before the first call) is not
+   * seen this way; the file itself deleted or replaced always is.
    */
   isOwned(): boolean;
   /**
    * Removes the file, then drops the flock. Idempotent.
    *
    * @throws {LockLostError} once, if the file had been deleted or replaced
-   * by someone else; their file is left alone.
+   * by someone else (their file is left alone), or if a loss that left it
+   * in place was found while held (its directory renamed and another made
+   * in its place, or the file moved away and back; it is removed).
    */
   release(): Promise<void>;
   /** The synchronous form of {@linkcode Lock.release}. */

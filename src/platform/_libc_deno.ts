@@ -312,8 +312,11 @@ export function forgetReadGrant(): void {
  */
 export function lstatLibc(path: string): FileInfo | null | number | undefined {
   if (readOk === undefined) {
-    const { state, partial } = Deno.permissions.querySync({ name: "read" });
-    readOk = state === "granted" && !partial;
+    const read = Deno.permissions.querySync({ name: "read" });
+    // Deno refuses reading errno through the FFI without ffi access.
+    const ffi = Deno.permissions.querySync({ name: "ffi" });
+    readOk = read.state === "granted" && !read.partial &&
+      ffi.state === "granted";
   }
   const l = readOk ? bound ?? libc() : undefined;
   if (l === undefined || path.includes("\0")) return undefined;
