@@ -23,7 +23,6 @@ import {
 } from "./_protocol.ts";
 import { contend } from "./_contend.ts";
 import { sweepAfter } from "./_sweep.ts";
-import { ownEvent } from "./_watch.ts";
 
 interface Temp {
   /** The temp file's name in the pinned directory. */
@@ -204,7 +203,6 @@ export function* attemptLoop(
         yield backoffMs(attempt);
         continue;
       }
-      ownEvent(target.pinned, target.name);
       const { handle, started, name, id } = temp;
       temp = undefined;
       try {

@@ -27,7 +27,6 @@ import {
   unreadable,
   within,
 } from "./_protocol.ts";
-import { ownEvent } from "./_watch.ts";
 
 /** What contend() decided. */
 export type Verdict =
@@ -45,10 +44,7 @@ function removeStale(target: Target, ours: FileInfo): Verdict {
   // so a fresh lock is never deleted.
   try {
     if (sameFile(target.pinned.lstat(target.name), ours)) {
-      // "ENOENT": gone already, as good.
-      if (target.pinned.unlink(target.name) !== "ENOENT") {
-        ownEvent(target.pinned, target.name);
-      }
+      target.pinned.unlink(target.name); // "ENOENT": gone already, as good
     }
   } catch (err) {
     const code = errnoOf(err);

@@ -63,12 +63,6 @@ class Entry {
   closeKeepsAlive = false;
   /** An unref'd watch was refused here (Deno): do not ask again. */
   unrefRefused = false;
-  /**
-   * Per name, the (re)move events this process's own link or unlink of it
-   * made while the watch was open, not yet read: each is no news when it
-   * comes (a lock's release, the next one's link), to whichever listener.
-   */
-  readonly own = new Map<string, number>();
 
   constructor(readonly key: string) {}
 
@@ -112,15 +106,6 @@ class Entry {
   open(prefix: string): void {
     if (this.close !== undefined) return;
     const dispatch = (name: string, moved: boolean) => {
-      if (moved) {
-        const mine = this.own.get(name);
-        if (mine !== undefined) {
-          // Our own: still a reason to look (a check), never a move.
-          if (mine > 1) this.own.set(name, mine - 1);
-          else this.own.delete(name);
-          moved = false;
-        }
-      }
       const set = this.byName.get(name);
       if (set === undefined) return;
       for (const listener of set) {
@@ -146,34 +131,11 @@ class Entry {
     const close = this.close;
     this.close = undefined;
     this.closeKeepsAlive = false;
-    // A closed watch's unread events are gone with it.
-    this.own.clear();
     close?.();
   }
 }
 
 const entries = new Map<string, Entry>();
-
-/**
- * Tells the watch of `dir`, if one is open, that this process just linked
- * or unlinked `name` there: the event it makes is not a move by someone
- * else (a lock taken just after another's release would otherwise read the
- * release, or its own link, as its file moved away and back). Costs
- * nothing while no watch is open in the process, else one `lstat`.
- */
-export function ownEvent(dir: Dir, name: string): void {
-  if (entries.size === 0) return;
-  let self;
-  try {
-    self = dir.lstat(".");
-  } catch {
-    return;
-  }
-  if (self === null) return;
-  const entry = entries.get(`${self.dev}:${self.ino}`);
-  if (entry?.close === undefined) return;
-  entry.own.set(name, (entry.own.get(name) ?? 0) + 1);
-}
 
 /**
  * Calls `onEvent` whenever the watch of directory `dir` reports an event

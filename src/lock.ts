@@ -24,13 +24,7 @@ import {
 import { attemptLoop, pin, runSync } from "./_attempt.ts";
 import { probe } from "./_probe.ts";
 import { every, type Tick } from "./_timer.ts";
-import {
-  fileKey,
-  listen,
-  type Listener,
-  listenFile,
-  ownEvent,
-} from "./_watch.ts";
+import { fileKey, listen, type Listener, listenFile } from "./_watch.ts";
 import { ContendedError, HeldError, LockLostError } from "./errors.ts";
 import { checkMeta, type Meta } from "./meta.ts";
 import { MAX_RECORD_BYTES, metaLines } from "./record.ts";
@@ -188,6 +182,8 @@ class RunLock implements Lock {
   #named: string | undefined;
   /** A watch saw our name created, removed or renamed. */
   #moved = false;
+  /** The file's change time when the watch began, where known. */
+  #ctime: number | undefined;
 
   constructor(
     target: Target,
@@ -250,10 +246,26 @@ class RunLock implements Lock {
       this.#handle.closeFirstAtExit();
       const target = this.#target;
       this.#nameIt();
+      // The file's change time as the watch begins: a rename changes it.
+      // Events of what came before (this lock's own link, the release of
+      // the name's last lock) may still reach the watch, even one opened
+      // now (a runtime shares one inotify watch among a directory's
+      // watchers), and they are no move.
+      try {
+        const now = target.pinned.lstat(target.name);
+        if (
+          now !== null && now.dev === this.#id.dev && now.ino === this.#id.ino
+        ) {
+          this.#ctime = now.ctime;
+        }
+      } catch {
+        // Unknown: every (re)move event counts.
+      }
       this.#listener = listen(target.pinned, target.name, (moved) => {
         // Nobody else creates, removes or renames our name while we hold
         // it: such an event is a loss even if the file is back by the time
-        // we look (moved aside, another run in and out, moved back).
+        // we look (moved aside, another run in and out, moved back), if
+        // the file's change time says it moved.
         if (moved) this.#moved = true;
         this.#check();
       }, false);
@@ -305,6 +317,12 @@ class RunLock implements Lock {
     }
     const now = this.#target.pinned.lstat(this.#target.name);
     if (ours(now)) {
+      // Events, but the file was never renamed since the watch began.
+      if (
+        this.#moved && this.#ctime !== undefined && now!.ctime === this.#ctime
+      ) {
+        this.#moved = false;
+      }
       if (this.#moved) {
         return new LockLostError(
           this.path,
@@ -398,8 +416,6 @@ class RunLock implements Lock {
         lost = "was replaced by another file";
       } else if (target.pinned.unlink(target.name) === "ENOENT") {
         lost = "was deleted";
-      } else {
-        ownEvent(target.pinned, target.name);
       }
     } catch (err) {
       if (errnoOf(err) === "ENOENT") {

@@ -61,6 +61,7 @@ function info(s: Stats): FileInfo {
       : s.isSymbolicLink()
       ? "symlink"
       : "other",
+    ctime: Math.floor(s.ctimeMs),
   };
 }
 

@@ -242,6 +242,7 @@ function info(s: Deno.FileInfo): FileInfo {
       : s.isSymlink
       ? "symlink"
       : "other",
+    ctime: s.ctime?.getTime(),
   };
 }
 
