@@ -19,6 +19,7 @@ import {
   type RecordTemplate,
   recordTemplate,
   type Target,
+  tempName,
   within,
 } from "./_protocol.ts";
 import { attemptLoop, pin, runSync } from "./_attempt.ts";
@@ -182,8 +183,13 @@ class RunLock implements Lock {
   #named: string | undefined;
   /** A watch saw our name created, removed or renamed. */
   #moved = false;
-  /** The file's change time when the watch began, where known. */
-  #ctime: number | undefined;
+  /**
+   * Until the watch reports the marker: events of what came before the
+   * watch began (this lock's own link, the release of the name's last
+   * lock) may still reach it, even a watch opened now (a runtime shares one
+   * inotify watch among a directory's watchers), and they are no move.
+   */
+  #marker: Listener | undefined;
 
   constructor(
     target: Target,
@@ -246,29 +252,15 @@ class RunLock implements Lock {
       this.#handle.closeFirstAtExit();
       const target = this.#target;
       this.#nameIt();
-      // The file's change time as the watch begins: a rename changes it.
-      // Events of what came before (this lock's own link, the release of
-      // the name's last lock) may still reach the watch, even one opened
-      // now (a runtime shares one inotify watch among a directory's
-      // watchers), and they are no move.
-      try {
-        const now = target.pinned.lstat(target.name);
-        if (
-          now !== null && now.dev === this.#id.dev && now.ino === this.#id.ino
-        ) {
-          this.#ctime = now.ctime;
-        }
-      } catch {
-        // Unknown: every (re)move event counts.
-      }
       this.#listener = listen(target.pinned, target.name, (moved) => {
         // Nobody else creates, removes or renames our name while we hold
         // it: such an event is a loss even if the file is back by the time
-        // we look (moved aside, another run in and out, moved back), if
-        // the file's change time says it moved.
-        if (moved) this.#moved = true;
+        // we look (moved aside, another run in and out, moved back). Not
+        // before the marker's: those are of what came before.
+        if (moved && this.#marker === undefined) this.#moved = true;
         this.#check();
       }, false);
+      if (this.#listener?.watching()) this.#mark();
     }
     this.#check(); // at the first call: anything before the watch began
   }
@@ -292,7 +284,34 @@ class RunLock implements Lock {
     this.#controller?.abort(reason);
   }
 
+  /**
+   * Makes and removes a marker file beside the lock (a temp name, litter
+   * for the sweep if we die in between): a watch reports events in order,
+   * so once the marker's comes, every later event on our name is news.
+   */
+  #mark(): void {
+    const pinned = this.#target.pinned;
+    const name = tempName(this.#target.name);
+    const done = () => {
+      this.#marker?.stop();
+      this.#marker = undefined;
+    };
+    this.#marker = listen(pinned, name, done, false);
+    if (this.#marker === undefined) return;
+    try {
+      const made = pinned.create(name);
+      if (typeof made === "string") return done();
+      made.close();
+      pinned.unlink(name);
+    } catch {
+      // No marker: every (re)move event counts, as before it.
+      done();
+    }
+  }
+
   #stopWatching(): void {
+    this.#marker?.stop();
+    this.#marker = undefined;
     this.#tick?.stop();
     this.#tick = undefined;
     this.#listener?.stop();
@@ -317,12 +336,6 @@ class RunLock implements Lock {
     }
     const now = this.#target.pinned.lstat(this.#target.name);
     if (ours(now)) {
-      // Events, but the file was never renamed since the watch began.
-      if (
-        this.#moved && this.#ctime !== undefined && now!.ctime === this.#ctime
-      ) {
-        this.#moved = false;
-      }
       if (this.#moved) {
         return new LockLostError(
           this.path,

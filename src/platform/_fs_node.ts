@@ -61,7 +61,6 @@ function info(s: Stats): FileInfo {
       : s.isSymbolicLink()
       ? "symlink"
       : "other",
-    ctime: Math.floor(s.ctimeMs),
   };
 }
 

@@ -16,8 +16,6 @@ export interface StatLayout {
   uid: number;
   /** Offset of st_size (64 bits). */
   size: number;
-  /** Offset of st_ctim (seconds, then nanoseconds: 64 bits each). */
-  ctime: number;
 }
 
 /**
@@ -26,8 +24,8 @@ export interface StatLayout {
  * Elsewhere (macOS, the BSDs, other CPUs) the FFI's stat stays off.
  */
 export const STAT_LAYOUT: Record<string, StatLayout> = {
-  x64: { mode: 24, uid: 28, size: 48, ctime: 104 }, // arch/x86/include/uapi/asm/stat.h
-  arm64: { mode: 16, uid: 24, size: 48, ctime: 112 }, // include/uapi/asm-generic/stat.h
+  x64: { mode: 24, uid: 28, size: 48 }, // arch/x86/include/uapi/asm/stat.h
+  arm64: { mode: 16, uid: 24, size: 48 }, // include/uapi/asm-generic/stat.h
 };
 
 /**
@@ -66,8 +64,5 @@ export function decodeStat(view: DataView, l: StatLayout): FileInfo {
       : type === 0o120000
       ? "symlink"
       : "other",
-    ctime: (view.getUint32(l.ctime, true) +
-          view.getInt32(l.ctime + 4, true) * 2 ** 32) * 1000 +
-      Math.floor(view.getUint32(l.ctime + 8, true) / 1e6),
   };
 }

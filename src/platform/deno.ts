@@ -242,7 +242,6 @@ function info(s: Deno.FileInfo): FileInfo {
       : s.isSymlink
       ? "symlink"
       : "other",
-    ctime: s.ctime?.getTime(),
   };
 }
 

@@ -26,11 +26,6 @@ export interface FileInfo {
   uid: number;
   /** What kind of file this is; `lstat` never follows a symlink. */
   kind: "file" | "directory" | "symlink" | "other";
-  /**
-   * The inode's change time (`st_ctime`) in whole milliseconds, where the
-   * platform reports it: a rename of the file changes it.
-   */
-  ctime?: number;
 }
 
 /** An open descriptor (close-on-exec) on a regular file. */
