@@ -442,15 +442,19 @@ const MARKER_WORD = encoder.encode("runlock ");
 
 // Temp names: a random 32-bit prefix per process and a counter, so that a
 // name costs no system call and no random draw on the hot path, and other
-// processes still cannot predict it. O_EXCL settles any collision.
-const processTag = Array.from(
-  crypto.getRandomValues(new Uint8Array(4)),
-  (b) => b.toString(16).padStart(2, "0"),
-).join("");
+// processes still cannot predict it. O_EXCL settles any collision. Drawn on
+// the first name, not at import: Node loads its Web Crypto code for it.
+let processTag = "";
 let tempCounter = 0;
 
 /** A fresh temp name for a lock named `name`: `.<stem>.<16 hex>.tmp`. */
 export function tempName(name: string): string {
+  if (processTag === "") {
+    processTag = Array.from(
+      crypto.getRandomValues(new Uint8Array(4)),
+      (b) => b.toString(16).padStart(2, "0"),
+    ).join("");
+  }
   tempCounter = (tempCounter + 1) >>> 0;
   return `.${tempStem(name)}.${processTag}${
     tempCounter.toString(16).padStart(8, "0")

@@ -27,7 +27,7 @@
  * @module
  */
 
-import process from "node:process";
+import { process } from "./_process.ts";
 import { EX_USAGE, HelpWanted, UsageError } from "./cli/_args.ts";
 import { type Command, commandHelp, help, usage } from "./cli/_help.ts";
 import { type CliIo, stdio } from "./cli/_io.ts";

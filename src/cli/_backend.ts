@@ -8,7 +8,7 @@
  */
 
 import { hostname } from "node:os";
-import process from "node:process";
+import { process } from "../_process.ts";
 import { acquire, HeldError, inspect } from "../../mod.ts";
 import { UsageError } from "./_args.ts";
 import type { Info } from "./_format.ts";

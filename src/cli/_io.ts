@@ -5,7 +5,7 @@
  * @module
  */
 
-import process from "node:process";
+import { process } from "../_process.ts";
 import {
   clip,
   describeState,

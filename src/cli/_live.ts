@@ -8,7 +8,7 @@
  */
 
 import { isAbsolute, relative } from "node:path";
-import process from "node:process";
+import { process } from "../_process.ts";
 import {
   agoChangesIn,
   alignRows,

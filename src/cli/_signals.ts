@@ -6,7 +6,7 @@
  */
 
 import { constants } from "node:os";
-import process from "node:process";
+import { process } from "../_process.ts";
 
 /**
  * Signals `run` leaves alone, each on purpose (README, "Signals"):

@@ -5,7 +5,7 @@
  * @module
  */
 
-import process from "node:process";
+import { process } from "../_process.ts";
 import { parse, UsageError } from "./_args.ts";
 import { databaseUrl, postgres } from "./_backend.ts";
 import type { Command } from "./_help.ts";

@@ -7,7 +7,7 @@
  */
 
 import { statSync } from "node:fs";
-import process from "node:process";
+import { process } from "../_process.ts";
 import { scan, watch } from "../../mod.ts";
 import { onePath, parse, UsageError } from "./_args.ts";
 import {

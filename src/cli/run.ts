@@ -6,7 +6,7 @@
  */
 
 import { type ChildProcess, spawn } from "node:child_process";
-import process from "node:process";
+import { process } from "../_process.ts";
 import { metaOptions, parse, seconds, UsageError } from "./_args.ts";
 import {
   type Backend,

@@ -10,9 +10,9 @@
  * @module
  */
 
-import { constants as fsc, fstatSync, realpathSync, statSync } from "node:fs";
+import { fs } from "./_node.ts";
 import { release } from "node:os";
-import process from "node:process";
+import { process } from "../_process.ts";
 import {
   AT_FDCWD,
   AT_SYMLINK_NOFOLLOW,
@@ -30,6 +30,8 @@ import {
 } from "./_libc_node.ts";
 import { scratch, sysError } from "./_fs_node.ts";
 import { type Dir, type FileInfo, type Handle, SysError } from "./types.ts";
+
+const { constants: fsc, fstatSync, realpathSync, statSync } = fs;
 
 const LOCK_SH = 1;
 const LOCK_EX = 2;

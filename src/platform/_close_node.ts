@@ -27,7 +27,7 @@
 
 import { createRequire } from "node:module";
 import { endianness } from "node:os";
-import process from "node:process";
+import { process } from "../_process.ts";
 import { LIBC } from "./_libc_node.ts";
 
 const IN_CLOSE_WRITE = 0x8;

@@ -9,21 +9,23 @@
  * @module
  */
 
-import {
+import type { Stats } from "node:fs";
+import { fs } from "./_node.ts";
+import { flockFd } from "./_libc_node.ts";
+import { type Dir, type FileInfo, type Handle, SysError } from "./types.ts";
+
+const {
   closeSync,
-  constants as fsc,
+  constants: fsc,
   fchmodSync,
   fstatSync,
   linkSync,
   lstatSync,
   openSync,
   readSync,
-  type Stats,
   unlinkSync,
   writeSync,
-} from "node:fs";
-import { flockFd } from "./_libc_node.ts";
-import { type Dir, type FileInfo, type Handle, SysError } from "./types.ts";
+} = fs;
 
 const LOCK_SH = 1;
 const LOCK_EX = 2;

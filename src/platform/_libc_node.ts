@@ -16,11 +16,10 @@
  * @module
  */
 
-import { lstatSync } from "node:fs";
 import { createRequire } from "node:module";
 import { constants as osc } from "node:os";
-import process from "node:process";
-import { getSystemErrorMap } from "node:util";
+import { process } from "../_process.ts";
+import { fs, util } from "./_node.ts";
 import {
   decodeStat,
   STAT_BYTES,
@@ -350,7 +349,7 @@ function agrees(l: Libc): boolean {
   try {
     if (l.fstatat(AT_FDCWD, "/", AT_SYMLINK_NOFOLLOW) !== 0) return false;
     const ours = statInfo();
-    const theirs = lstatSync("/");
+    const theirs = fs.lstatSync("/");
     return ours.dev === theirs.dev && ours.ino === theirs.ino &&
       ours.kind === "directory" && ours.mode === (theirs.mode & 0o7777) &&
       ours.uid === theirs.uid && ours.size === theirs.size;
@@ -371,7 +370,7 @@ export function errnoError(
     Object.entries(osc.errno).map(([name, value]) => [value, name]),
   );
   const name = errnoNames.get(errno) ?? `errno ${errno}`;
-  const text = getSystemErrorMap().get(-errno)?.[1];
+  const text = util.getSystemErrorMap().get(-errno)?.[1];
   return new SysError(
     name,
     syscall,

@@ -21,20 +21,10 @@
  * @module
  */
 
-import {
-  closeSync,
-  mkdirSync,
-  openSync,
-  readdirSync,
-  readFileSync,
-  readlinkSync,
-  realpathSync,
-  statSync,
-  watch,
-} from "node:fs";
 import { constants as osc, hostname } from "node:os";
 import { dirname } from "node:path";
-import process from "node:process";
+import { process } from "../_process.ts";
+import { fs } from "./_node.ts";
 import { AT_FDCWD } from "./_libc_node.ts";
 import { watchClose } from "./_close_node.ts";
 import {
@@ -47,6 +37,18 @@ import {
 } from "./_at_node.ts";
 import { fsLstat, fsOpenExisting, PathDir, sysError } from "./_fs_node.ts";
 import type { Dir, FileInfo, Handle, Liveness, Platform } from "./types.ts";
+
+const {
+  closeSync,
+  mkdirSync,
+  openSync,
+  readdirSync,
+  readFileSync,
+  readlinkSync,
+  realpathSync,
+  statSync,
+  watch,
+} = fs;
 
 const ESRCH = osc.errno.ESRCH;
 const EPERM = osc.errno.EPERM;

@@ -3,7 +3,7 @@
 // is taken, the timeout passes, the caller aborts, or something fails; a
 // waiter whose server goes away reconnects while it has time left. The
 // waiting itself, first come, first served, is in _wait.ts.
-import process from "node:process";
+import { process } from "../_process.ts";
 import { clearTimeout, setTimeout } from "node:timers";
 import { ContendedError, HeldError, RunlockError } from "../errors.ts";
 import { checkMeta } from "../meta.ts";

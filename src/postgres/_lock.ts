@@ -1,6 +1,6 @@
 // The lock object a successful acquire returns, and the registry of the
 // locks this process holds (locks are not reentrant).
-import process from "node:process";
+import { process } from "../_process.ts";
 import type { RunlockError } from "../errors.ts";
 import { hostName } from "./_options.ts";
 import { describe, isSessionError, type Session } from "./_session.ts";

@@ -2,7 +2,7 @@
 // names, timeouts and the URL, checked before anything touches the
 // database.
 import { hostname } from "node:os";
-import process from "node:process";
+import { process } from "../_process.ts";
 import { granted } from "./_deno.ts";
 import { optionValue } from "./_sql.ts";
 import type { PgLocksOptions } from "./types.ts";

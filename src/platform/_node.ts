@@ -1,0 +1,18 @@
+/**
+ * Node's `fs` and `util` for the Node and Bun platform, loaded by `require`.
+ * An `import` of `node:fs` or `node:util` builds an ES module facade that
+ * reads every export, which loads Node's streams and its argument parser,
+ * code that runlock never runs (about 3 ms of a Node start on the
+ * benchmark's machine). `require` returns the module as it is.
+ *
+ * @module
+ */
+
+import { createRequire } from "node:module";
+
+const load = createRequire(import.meta.url);
+
+/** `node:fs`. */
+export const fs: typeof import("node:fs") = load("node:fs");
+/** `node:util`. */
+export const util: typeof import("node:util") = load("node:util");
