@@ -425,6 +425,12 @@ function scaleGoals(s: ScaleSection | undefined, goals: Goal[]): void {
         short ? `stopped by its time budget at ${v.reached} locks; ` : ""
       }${fmt(v.lastUs)} µs vs ${fmt(v.firstUs)} µs per acquisition; by block: ${
         v.blocksUs.join(", ")
+      }${
+        v.floorBlocksUs
+          ? `; the C floor, taking as many just before: ${
+            fmt(v.floorRatio!)
+          }× (by block: ${v.floorBlocksUs.join(", ")})`
+          : ""
       }`,
     }, !short && v.ratio <= 2);
   }

@@ -7,7 +7,8 @@
 //                100,000 files, against the same in an empty directory
 //   many locks   one process taking 5,000 locks in one directory and holding
 //                them (default options: loss detection on): the last 500
-//                acquisitions against the first 500
+//                acquisitions against the first 500, beside the C floor
+//                taking as many just before (what the disk makes of it)
 //   waiters      50 processes waiting on a held lock, each with a 6 s
 //                timeout: their CPU time in all, and how late each timeout
 //                fired
@@ -72,6 +73,10 @@ export interface ScaleSection {
     ratio: number;
     /** Locks held at the end: fewer than `locks` if the budget ran out. */
     reached: number;
+    /** The C floor taking as many locks just before, in a directory of its
+     * own on the same file system: what the disk makes of the same calls. */
+    floorBlocksUs?: number[];
+    floorRatio?: number;
   }>;
   waiters: Record<string, {
     cpuSeconds: number;
@@ -231,6 +236,21 @@ async function manyLocks(ctx: ScaleContext, s: ScaleSection): Promise<void> {
     ctx.log(`scale: ${s.sizes.locks.toLocaleString("en")} locks held, ${rt}`);
     const dir = join(ctx.benchDir, `scale-many-${rt}`);
     mkdirSync(dir);
+    let floorBlocksUs: number[] | undefined;
+    if (ctx.floor) {
+      const floorDir = join(ctx.benchDir, `scale-many-c-${rt}`);
+      mkdirSync(floorDir);
+      const got = spawnSync(ctx.floor, [
+        "many",
+        floorDir,
+        String(s.sizes.locks),
+        String(s.sizes.block),
+      ], { encoding: "utf8" });
+      const blocks = got.stdout.trim().split(" ").map(Number);
+      if (got.status === 0 && blocks.every((v) => v > 0)) {
+        floorBlocksUs = blocks;
+      }
+    }
     const req = {
       dir,
       count: s.sizes.locks,
@@ -247,6 +267,9 @@ async function manyLocks(ctx: ScaleContext, s: ScaleSection): Promise<void> {
       lastUs: last,
       ratio: r2(last / first),
       reached: got.held,
+      floorBlocksUs,
+      floorRatio: floorBlocksUs &&
+        r2(floorBlocksUs[floorBlocksUs.length - 1] / floorBlocksUs[0]),
     };
     if (got.held < s.sizes.locks) {
       ctx.note(
@@ -521,6 +544,7 @@ export function scaleTables(s: ScaleSection): string {
         `last ${z.block} µs`,
         "last ÷ first",
         `µs per acquisition, by block of ${z.block}`,
+        "C floor, last ÷ first",
       ],
       Object.entries(s.manyLocks).map(([rt, v]) => [
         rt,
@@ -528,6 +552,7 @@ export function scaleTables(s: ScaleSection): string {
         String(v.lastUs),
         `${v.ratio}×`,
         v.blocksUs.join(" "),
+        v.floorRatio === undefined ? "" : `${v.floorRatio}×`,
       ]),
     );
     out.push(

@@ -25,6 +25,12 @@
  *   scan           opendir(P), then for every entry the probe above
  *                  (openat, flock, read, close), closedir: n scans
  *
+ *   floor many <dir> <count> <block>  takes <count> locks in <dir> (the
+ *                       acquire above, without its release: every lock stays
+ *                       held), names lock-000000.lock and on, and prints
+ *                       the mean microseconds per acquisition of each block
+ *                       of <block>, on one line; then releases them all
+ *
  *   floor waitlock <path>  the floor of a hand-off after SIGKILL: opens
  *                       the lock file, prints "waiting", blocks in
  *                       flock(LOCK_EX) (the kernel wakes it when the
@@ -188,6 +194,29 @@ static int serve(int marks) {
   return 0;
 }
 
+static int many(const char *dir, long count, long block) {
+  struct held *locks = calloc((size_t)count, sizeof *locks);
+  char path[4200];
+  if (locks == NULL) die("calloc", dir);
+  double start = now_ns();
+  for (long i = 0; i < count; i++) {
+    snprintf(path, sizeof path, "%s/lock-%06ld.lock", dir, i);
+    if (take(path, &locks[i]) != 0) die("link", path);
+    if ((i + 1) % block == 0) {
+      double end = now_ns();
+      printf("%s%.1f", i + 1 == block ? "" : " ", (end - start) / 1e3 / (double)block);
+      start = end;
+    }
+  }
+  printf("\n");
+  for (long i = 0; i < count; i++) {
+    snprintf(path, sizeof path, "%s/lock-%06ld.lock", dir, i);
+    give_back(path, &locks[i]);
+  }
+  free(locks);
+  return 0;
+}
+
 int main(int argc, char **argv) {
   pid = (int)getpid();
   if (gethostname(host, sizeof host) != 0) host[0] = '\0';
@@ -207,6 +236,11 @@ int main(int argc, char **argv) {
     }
     return 0;
   }
-  fprintf(stderr, "usage: floor serve [mark] | floor waitlock <path>\n");
+  if (argc == 5 && strcmp(argv[1], "many") == 0) {
+    long count = atol(argv[3]), block = atol(argv[4]);
+    if (count < 1 || block < 1) return 2;
+    return many(argv[2], count, block);
+  }
+  fprintf(stderr, "usage: floor serve [mark] | floor many <dir> <count> <block> | floor waitlock <path>\n");
   return 2;
 }
