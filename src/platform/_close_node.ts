@@ -25,10 +25,10 @@
  * @module
  */
 
-import { createRequire } from "node:module";
 import { endianness } from "node:os";
 import { process } from "../_process.ts";
 import { LIBC } from "./_libc_node.ts";
+import { load } from "./_node.ts";
 
 const IN_CLOSE_WRITE = 0x8;
 const IN_Q_OVERFLOW = 0x4000;
@@ -185,8 +185,7 @@ function call(due: Set<() => void>): void {
 function setUp(): State | null {
   if (process.platform !== "linux" || endianness() !== "LE") return null;
   try {
-    const load = createRequire(import.meta.url);
-    const made = isBun ? bunCalls(load) : koffiCalls(load);
+    const made = isBun ? bunCalls() : koffiCalls();
     if (made === null) return null;
     const fd = made.calls.inotifyInit();
     if (fd < 0) return null;
@@ -225,7 +224,7 @@ interface Made {
 
 type Fn = (...args: unknown[]) => number;
 
-function koffiCalls(load: NodeJS.Require): Made | null {
+function koffiCalls(): Made | null {
   const koffi = load("koffi") as typeof import("npm:koffi@3.3.4");
   let lib;
   for (const name of LINUX_LIBC) {
@@ -324,7 +323,7 @@ interface BunFfi {
   ptr(buf: Uint8Array): unknown;
 }
 
-function bunCalls(load: NodeJS.Require): Made | null {
+function bunCalls(): Made | null {
   const ffi = load("bun:ffi") as BunFfi;
   const bun = (globalThis as unknown as { Bun: BunFile }).Bun;
   let s;

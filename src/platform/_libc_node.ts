@@ -16,10 +16,9 @@
  * @module
  */
 
-import { createRequire } from "node:module";
 import { constants as osc } from "node:os";
 import { process } from "../_process.ts";
-import { fs, util } from "./_node.ts";
+import { fs, load, util } from "./_node.ts";
 import {
   decodeStat,
   STAT_BYTES,
@@ -152,7 +151,6 @@ const ENAMETOOLONG = 36;
 let bunErrno = 0;
 
 function bindBun(name: string, at: Stat | false): Libc {
-  const load = createRequire(import.meta.url);
   const ffi = load("bun:ffi") as BunFfi;
   const where = ERRNO_LOCATION[process.platform]!;
   const i32 = "i32";
@@ -255,7 +253,6 @@ function bindBun(name: string, at: Stat | false): Libc {
 }
 
 function bindKoffi(name: string, at: Stat | false): Libc {
-  const load = createRequire(import.meta.url);
   const koffi = load("koffi") as typeof import("npm:koffi@3.3.4");
   const lib = koffi.load(name);
   const flock = lib.func("int flock(int fd, int operation)") as Fn;

@@ -1,5 +1,6 @@
 /**
- * Node's `fs` and `util` for the Node and Bun platform, loaded by `require`.
+ * Node's `fs` and `util` for the Node and Bun platform, loaded by `require`,
+ * and that `require` for the FFI modules (koffi, `bun:ffi`).
  * An `import` of `node:fs` or `node:util` builds an ES module facade that
  * reads every export, which loads Node's streams and its argument parser,
  * code that runlock never runs (about 3 ms of a Node start on the
@@ -10,7 +11,8 @@
 
 import { createRequire } from "node:module";
 
-const load = createRequire(import.meta.url);
+/** `require`, resolving from this package. */
+export const load: NodeJS.Require = createRequire(import.meta.url);
 
 /** `node:fs`. */
 export const fs: typeof import("node:fs") = load("node:fs");
