@@ -447,6 +447,13 @@ const MARKER_WORD = encoder.encode("runlock ");
 let processTag = "";
 let tempCounter = 0;
 
+/**
+ * A name {@linkcode tempName} makes (`.<stem>.<16 hex digits>.tmp`): a temp
+ * file holds a runlock record too, but it is litter, a lock in the making
+ * or a watch's marker, never a lock.
+ */
+export const TEMP_NAME = /^\..*\.[0-9a-f]{16}\.tmp$/;
+
 /** A fresh temp name for a lock named `name`: `.<stem>.<16 hex>.tmp`. */
 export function tempName(name: string): string {
   if (processTag === "") {

@@ -6,15 +6,11 @@
  * @module
  */
 
-import { errnoOf, lockPath, type Probe } from "./_protocol.ts";
+import { errnoOf, lockPath, type Probe, TEMP_NAME } from "./_protocol.ts";
 import { probe } from "./_probe.ts";
 import { platform as p } from "./platform/current.ts";
 import type { FileInfo, Handle } from "./platform/types.ts";
 import { type Inspection, toInspection } from "./probes.ts";
-
-// A temp file of an acquire (`.<stem>.<16 hex digits>.tmp`), as scan()
-// skips it: litter or a lock in the making, not a lock.
-export const TEMP_NAME = /^\..*\.[0-9a-f]{16}\.tmp$/;
 
 /** What a look at a path found. */
 export type Seen =

@@ -7,12 +7,12 @@
  * @module
  */
 
-import { errnoOf, within } from "./_protocol.ts";
+import { errnoOf, TEMP_NAME, within } from "./_protocol.ts";
 import { RACING_SLEEPS } from "./_probe.ts";
 import { LockPermissionError, RunlockError } from "./errors.ts";
 import { platform as p } from "./platform/current.ts";
 import type { Inspection } from "./probes.ts";
-import { flockFree, keyOf, look, lstatOf, TEMP_NAME } from "./_watch_run.ts";
+import { flockFree, keyOf, look, lstatOf } from "./_watch_run.ts";
 import { type DirWatch, type Host, Paths, sleep } from "./_watch_paths.ts";
 import type { Change, ChangeKind } from "./watch.ts";
 

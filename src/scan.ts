@@ -5,7 +5,13 @@
  * @module
  */
 
-import { errnoOf, lockPath, type Probe, within } from "./_protocol.ts";
+import {
+  errnoOf,
+  lockPath,
+  type Probe,
+  TEMP_NAME,
+  within,
+} from "./_protocol.ts";
 import { probe, RACING_SLEEPS } from "./_probe.ts";
 import { LockPermissionError, RunlockError } from "./errors.ts";
 import { platform as p } from "./platform/current.ts";
@@ -29,10 +35,6 @@ export interface ScanOptions {
   /** Stops the scan: the promise rejects with the signal's reason. */
   signal?: AbortSignal;
 }
-
-// A temp file of an acquire (`.<stem>.<16 hex digits>.tmp`) holds a runlock
-// record too, but it is litter or a lock in the making, not a lock.
-const TEMP_NAME = /^\..*\.[0-9a-f]{16}\.tmp$/;
 
 /**
  * The {@linkcode Inspection} of every runlock lock file under `dir`, sorted
