@@ -158,7 +158,7 @@ class FdHandle implements Handle {
       // A regular file reads short only at its end: no second read.
       if (len < max) break;
     }
-    return buf.slice(0, len);
+    return buf.subarray(0, len); // a view: see Handle.readAll
   }
 
   stat(): FileInfo {

@@ -37,7 +37,7 @@ export interface Libc {
   /** Whether the calls below `flock` exist here (see {@linkcode libc}). */
   readonly at: boolean;
   flock(fd: number, operation: number): number;
-  /** `openat(dirfd, path, flags, mode)` (variadic in C: declared so). */
+  /** `openat(dirfd, path, flags, mode)` (variadic in C: declared so, except where a fixed declaration is the same call, see `FIXED_VARARGS`). */
   openat(dirfd: number, path: string, flags: number, mode: number): number;
   linkat(dirfd: number, from: string, to: string): number;
   unlinkat(dirfd: number, path: string): number;
@@ -252,16 +252,29 @@ function bindBun(name: string, at: Stat | false): Libc {
   };
 }
 
+/**
+ * Linux on x86-64 (SysV: the same registers, %al only bounds the vector
+ * registers a variadic callee saves) or arm64 (AAPCS64: variadic arguments
+ * in registers like fixed ones): a variadic function's integer arguments
+ * may be passed as fixed ones.
+ */
+const FIXED_VARARGS = process.platform === "linux" &&
+  (process.arch === "x64" || process.arch === "arm64");
+
 function bindKoffi(name: string, at: Stat | false): Libc {
   const koffi = load("koffi") as typeof import("npm:koffi@3.3.4");
   const lib = koffi.load(name);
   const flock = lib.func("int flock(int fd, int operation)") as Fn;
   const errno = () => koffi.errno();
   if (!at) return { at: false, flock, errno, ...NO_AT };
-  // Variadic, as libc declares it: a fixed fourth argument is wrong where
-  // variadic arguments travel on the stack (macOS arm64). It costs ~55 ns
-  // a call more than a fixed declaration (koffi 3.3.4, Linux x86-64).
-  const openat = lib.func("int openat(int dirfd, str path, int flags, ...)");
+  // Variadic, as libc declares it, except on the two ABIs where a variadic
+  // callee receives its integer arguments as a fixed one would (see
+  // bindBun): a fixed fourth argument is wrong where variadic arguments
+  // travel on the stack (macOS arm64), and the variadic call costs ~55-70
+  // ns more (koffi 3.3.4, Linux x86-64), a tenth of an open.
+  const openat = FIXED_VARARGS
+    ? lib.func("int openat(int dirfd, str path, int flags, int mode)")
+    : lib.func("int openat(int dirfd, str path, int flags, ...)");
   const linkat = lib.func(
     "int linkat(int olddirfd, str oldpath, int newdirfd, str newpath, int flags)",
   );
@@ -284,8 +297,9 @@ function bindKoffi(name: string, at: Stat | false): Libc {
     at: true,
     flock,
     errno,
-    openat: (dirfd, path, flags, mode) =>
-      openat(dirfd, path, flags, "int", mode),
+    openat: FIXED_VARARGS
+      ? openat as Fn
+      : (dirfd, path, flags, mode) => openat(dirfd, path, flags, "int", mode),
     dupfd: (fd, min) => fcntl(fd, F_DUPFD_CLOEXEC, "int", min),
     linkat: (dirfd, from, to) => linkat(dirfd, from, dirfd, to, 0),
     unlinkat: (dirfd, path) => unlinkat(dirfd, path, 0),

@@ -313,7 +313,7 @@ class DenoHandle implements Handle {
         // A regular file reads short only at its end: no second read.
         if (len < max) break;
       }
-      return buf.slice(0, len);
+      return buf.subarray(0, len); // a view: see Handle.readAll
     } catch (err) {
       throw sysError(err, "read", this.#path);
     }
