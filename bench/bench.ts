@@ -413,6 +413,14 @@ async function micro(): Promise<void> {
       ["probe", "C floor: open, flock, read, close"],
       ["probe_noread", "C floor: open, flock, close"],
       ["probe_missing", "C floor: open (ENOENT)"],
+      [
+        "probe_held",
+        "C: held()'s 6 calls (open, fstat, flock, read 32 B, kill, close)",
+      ],
+      [
+        "probe_inspect",
+        "C: inspect()'s 6 calls (the same, reading the record)",
+      ],
     ];
     if (hasScan) cCases.push(["scan", "C floor: readdir + probe each"]);
     if (tmpfsRoot) {
@@ -531,6 +539,7 @@ async function micro(): Promise<void> {
     [
       "c:probe_noread",
       "c:probe",
+      "c:probe_held",
       ...each(["bareProbe", "bareSafeProbe", "heldHeld"]),
     ],
     "ratio against the probe floor with read (issue 12's definition); the floor without read is shown too. × Deno.*: against the safe bare sequence (Deno.open has no O_NOFOLLOW, no O_NONBLOCK)",
@@ -540,7 +549,7 @@ async function micro(): Promise<void> {
     "inspect() on a held lock",
     "c:probe",
     "bareSafeProbe",
-    ["c:probe", ...each(["bareSafeProbe", "inspectHeld"])],
+    ["c:probe", "c:probe_inspect", ...each(["bareSafeProbe", "inspectHeld"])],
   );
   group(
     "free",

@@ -171,6 +171,13 @@ export function checkGoals(input: GoalInput): Goal[] {
           "c:probe_noread",
           "against the floor without read",
         )
+      }${
+        versus(
+          "held",
+          "c:probe_held",
+          "c:probe",
+          "the same 6 calls made from C are",
+        )
       }${calls(`${rt}:heldHeld`, "probe_noread")}`,
     );
     ratio(
@@ -179,7 +186,14 @@ export function checkGoals(input: GoalInput): Goal[] {
       `${rt}:inspectHeld`,
       2.5,
       "ratio",
-      calls(`${rt}:inspectHeld`, "probe"),
+      `${
+        versus(
+          "inspect",
+          "c:probe_inspect",
+          "c:probe",
+          "the same 6 calls made from C are",
+        )
+      }${calls(`${rt}:inspectHeld`, "probe")}`,
     );
   }
   ratio(

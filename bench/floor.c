@@ -22,6 +22,11 @@
  *                  when the flock answers (a held lock, or a free one:
  *                  close drops a shared lock without LOCK_UN)
  *   probe_missing  open, which fails with ENOENT: a free lock (no file)
+ *   probe_held     the 6 calls runlock's held() makes on a held lock: open,
+ *                  fstat, flock(LOCK_SH|LOCK_NB), pread (32 bytes: the PID),
+ *                  kill(pid, 0), close. Not a floor: what the protocol's
+ *                  checks cost from C, beside the floor
+ *   probe_inspect  the same with the whole record read: inspect()'s 6 calls
  *   scan           opendir(P), then for every entry the probe above
  *                  (openat, flock, read, close), closedir: n scans
  *
@@ -41,6 +46,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -144,6 +150,27 @@ static int probe_at(int dirfd, const char *path, int want_read) {
   return held;
 }
 
+/*
+ * The 6 calls runlock's probe makes on a held lock (PROTOCOL.md, Probes):
+ * the open, an fstat (only a regular file is a lock: O_NONBLOCK opens a
+ * FIFO or a device too), the shared flock, the read (held(): the first 32
+ * bytes, for the PID; inspect(): the record), kill(pid, 0) (a dead PID
+ * under a held flock is a takeover in progress), the close.
+ */
+static void probe_runlock(const char *path, size_t want) {
+  int fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+  if (fd < 0) die("open", path);
+  struct stat st;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) die("fstat", path);
+  if (flock(fd, LOCK_SH | LOCK_NB) == 0 || errno != EWOULDBLOCK) die("flock (not held)", path);
+  ssize_t n = pread(fd, probe_buf, want, 0);
+  if (n <= 0) die("pread", path);
+  probe_buf[n < (ssize_t)want ? n : (ssize_t)want - 1] = 0;
+  long holder = strtol(probe_buf, NULL, 10);
+  if (holder <= 0 || kill((pid_t)holder, 0) != 0) die("kill", path);
+  close(fd);
+}
+
 static void scan(const char *dir) {
   DIR *d = opendir(dir);
   if (d == NULL) die("opendir", dir);
@@ -179,6 +206,10 @@ static int serve(int marks) {
       for (long i = 0; i < n; i++) probe_at(AT_FDCWD, path, 1);
     } else if (strcmp(name, "probe_noread") == 0) {
       for (long i = 0; i < n; i++) probe_at(AT_FDCWD, path, 0);
+    } else if (strcmp(name, "probe_held") == 0) {
+      for (long i = 0; i < n; i++) probe_runlock(path, 32);
+    } else if (strcmp(name, "probe_inspect") == 0) {
+      for (long i = 0; i < n; i++) probe_runlock(path, sizeof probe_buf);
     } else if (strcmp(name, "probe_missing") == 0) {
       for (long i = 0; i < n; i++) probe_at(AT_FDCWD, path, 0);
     } else if (strcmp(name, "scan") == 0) {
