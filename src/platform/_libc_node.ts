@@ -271,7 +271,10 @@ function bindKoffi(name: string, at: Stat | false): Libc {
   // callee receives its integer arguments as a fixed one would (see
   // bindBun): a fixed fourth argument is wrong where variadic arguments
   // travel on the stack (macOS arm64), and the variadic call costs ~55-70
-  // ns more (koffi 3.3.4, Linux x86-64), a tenth of an open.
+  // ns more (koffi 3.3.4, Linux x86-64), a tenth of an open. The *at()
+  // calls are bound only where `layout` is known (Linux x86-64 and arm64),
+  // so today that is always the fixed declaration; the variadic one is for
+  // a layout added for another ABI.
   const openat = FIXED_VARARGS
     ? lib.func("int openat(int dirfd, str path, int flags, int mode)")
     : lib.func("int openat(int dirfd, str path, int flags, ...)");
