@@ -102,9 +102,13 @@ export async function scan(
     }
     for (const { name, kind } of entries) {
       // Let timers (the signal's, a held lock's checks) run in a big tree:
-      // every 10 ms, which costs a few per cent, not a timer per file.
+      // a turn of the event loop every 10 ms, not one per file. A turn, not
+      // a timer: setTimeout(0) waits for the timers' next tick (1.0-1.2 ms
+      // on Node and Bun, 2.1 ms on Deno: a tenth to a fifth of a long
+      // scan); setImmediate lets the due timers run and comes back in
+      // 0.02-0.09 ms (on Deno its first call costs 4 ms, once).
       if (performance.now() - turned > 10) {
-        await new Promise((resolve) => setTimeout(resolve, 0));
+        await new Promise((resolve) => setImmediate(resolve));
         signal?.throwIfAborted();
         turned = performance.now();
       }
