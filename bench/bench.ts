@@ -61,7 +61,7 @@ import {
   stagePackage,
   transpileWorker,
 } from "./bench_setup.ts";
-import { checkGoals, fmt, type Goal, median } from "./bench_goals.ts";
+import { checkGoals, fmt, type Goal, maxOf, median } from "./bench_goals.ts";
 import { type ScaleSection, scaleSection, scaleTables } from "./bench_scale.ts";
 import { auditSyscalls, type SyscallAudit } from "./bench_syscalls.ts";
 import { type WatchResult, watchSection } from "./bench_watch.ts";
@@ -719,7 +719,7 @@ async function contention(): Promise<void> {
       kind: lib === "runlock" ? "runlock" : "incumbent",
       runtime: name,
       unit: "ms",
-      best: round3(Math.max(...waits)),
+      best: round3(maxOf(waits)),
       median: round3(median(waits)),
       extra: {
         contenders: CONTENDERS,
@@ -728,7 +728,7 @@ async function contention(): Promise<void> {
         perSecond: Math.round(acquired / (CONTEND_MS / 1000)),
         perProcess,
         p99: round3(quantile(waits, 0.99)),
-        worst: round3(Math.max(...waits)),
+        worst: round3(maxOf(waits)),
         starvedAtDeadline: starved,
       },
     });

@@ -41,6 +41,16 @@ export function median(xs: number[]): number {
   return s.length % 2 ? s[m] : (s[m - 1] + s[m]) / 2;
 }
 
+/**
+ * The largest of `xs`: `Math.max(...xs)` overflows the stack past ~120,000
+ * arguments, which 4 contenders' acquisitions in 2.5 s reach.
+ */
+export function maxOf(xs: number[]): number {
+  let max = -Infinity;
+  for (const x of xs) if (x > max) max = x;
+  return max;
+}
+
 export function fmt(x: number | undefined, digits = 2): string {
   if (x === undefined || Number.isNaN(x)) return "";
   if (x >= 1000) return x.toFixed(0);
