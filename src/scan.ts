@@ -101,14 +101,11 @@ export async function scan(
       throw listError(err, d);
     }
     for (const { name, kind } of entries) {
-      // Let timers (the signal's, a held lock's checks) run in a big tree:
-      // a turn of the event loop every 10 ms, not one per file. A turn, not
-      // a timer: setTimeout(0) waits for the timers' next tick (1.0-1.2 ms
-      // on Node and Bun, 2.1 ms on Deno: a tenth to a fifth of a long
-      // scan); setImmediate lets the due timers run and comes back in
-      // 0.02-0.09 ms (on Deno its first call costs 4 ms, once).
+      // Let the rest of the program run in a big tree (timers: the signal's,
+      // a held lock's checks; I/O): a turn of the event loop every 10 ms,
+      // not one per file.
       if (performance.now() - turned > 10) {
-        await new Promise((resolve) => setImmediate(resolve));
+        await p.turn();
         signal?.throwIfAborted();
         turned = performance.now();
       }

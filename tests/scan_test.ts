@@ -10,6 +10,7 @@ import {
   symlinkSync,
   writeFileSync,
 } from "node:fs";
+import { type AddressInfo, connect, createServer, type Socket } from "node:net";
 import { join } from "node:path";
 import { describe, test } from "node:test";
 import { acquire, RunlockError, scan } from "../mod.ts";
@@ -138,6 +139,47 @@ describe("scan()", () => {
         /enough/,
       );
     } finally {
+      cleanup();
+    }
+  });
+
+  test("a big scan lets I/O through: a socket's data arrive during it", async () => {
+    const { dir, cleanup } = tempDir();
+    const server = createServer();
+    let client: Socket | undefined;
+    try {
+      for (let i = 0; i < 6000; i++) {
+        writeFileSync(join(dir, `job-${i}.lock`), `${i + 1}\nrunlock 1\n`);
+      }
+      let received = 0;
+      const accepted = new Promise<void>((resolve) =>
+        server.on("connection", (socket) => {
+          socket.on("data", () => received++);
+          resolve();
+        })
+      );
+      await new Promise<void>((resolve) =>
+        server.listen(0, "127.0.0.1", resolve)
+      );
+      const { port } = server.address() as AddressInfo;
+      client = connect(port, "127.0.0.1");
+      await accepted;
+      const writer = setInterval(() => client!.write("x"), 1);
+      let during: number;
+      try {
+        received = 0;
+        assert.equal((await scan(dir)).length, 6000);
+        during = received;
+      } finally {
+        clearInterval(writer);
+      }
+      assert.ok(
+        during > 0,
+        "the server read the client's bytes during the scan",
+      );
+    } finally {
+      client?.destroy();
+      await new Promise((resolve) => server.close(resolve));
       cleanup();
     }
   });

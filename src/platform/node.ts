@@ -199,6 +199,13 @@ export const platform: Platform = {
     return () => clearTimeout(timer);
   },
 
+  turn(): Promise<void> {
+    // After the poll for I/O and the due timers, where a setTimeout(0)
+    // waits for the timers' next tick: 0.02-0.09 ms against 1.0-1.2 ms
+    // (Node, Bun; measured).
+    return new Promise((resolve) => setImmediate(resolve));
+  },
+
   unrefInterval(fn: () => void, ms: number): () => void {
     const timer = setInterval(fn, ms);
     timer.unref();

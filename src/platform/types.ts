@@ -163,6 +163,12 @@ export interface Platform {
    */
   unrefLater(fn: () => void, ms?: number): () => void;
   /**
+   * A turn of the event loop, for a long synchronous task to let the rest
+   * of the program run: the timers that are due fire and the I/O that is
+   * ready is served before it resolves.
+   */
+  turn(): Promise<void>;
+  /**
    * `kill(pid, 0)`, answered without ever prompting for a permission. The
    * core only asks about valid PIDs (1 to 2^31-1) of other processes.
    */
