@@ -32,10 +32,10 @@ function repoint(link: string, to: string): void {
   renameSync(`${link}.next`, link);
 }
 
-/** The names in a directory, sorted. */
 /** A temp name (PROTOCOL.md): `.<stem>.<16 hex digits>.tmp`. */
 const TEMP_NAME = /^\..+\.[0-9a-f]{16}\.tmp$/;
 
+/** The names in a directory, sorted. */
 function names(dir: string): string[] {
   return readdirSync(dir).sort();
 }

@@ -37,7 +37,10 @@ export interface Libc {
   /** Whether the calls below `flock` exist here (see {@linkcode libc}). */
   readonly at: boolean;
   flock(fd: number, operation: number): number;
-  /** `openat(dirfd, path, flags, mode)` (variadic in C: declared so, except where a fixed declaration is the same call, see `FIXED_VARARGS`). */
+  /**
+   * `openat(dirfd, path, flags, mode)`: variadic in C, and declared so
+   * except where a fixed declaration is the same call (`FIXED_VARARGS`).
+   */
   openat(dirfd: number, path: string, flags: number, mode: number): number;
   linkat(dirfd: number, from: string, to: string): number;
   unlinkat(dirfd: number, path: string): number;
