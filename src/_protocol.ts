@@ -291,8 +291,8 @@ export function invalidOpen(err: SysError, lp: LockPath, file: string): Error {
 /**
  * `kill(pid, 0)` as a second opinion. Never with 0 or a negative number:
  * `kill(0, 0)` probes our own process group and `kill(-1, 0)` every
- * process, so both always say "alive". (parsePid already returns 0 for
- * anything else; this is the one gate every caller passes.)
+ * process, so both always say "alive". (The record's readers already read
+ * anything else as no PID; this is the one gate every caller passes.)
  */
 export function liveness(pid: number): Liveness {
   if (!Number.isInteger(pid) || pid < 1 || pid > MAX_PID) return "unknown";
@@ -402,7 +402,7 @@ export const decoder = new TextDecoder();
 
 /**
  * The PID on line 1 of `head` (up to its first newline, or all of it), as
- * `parsePid` reads it: decimal, no sign, no leading zero, 1 to 2147483647;
+ * `parseRecord` reads it: decimal, no sign, no leading zero, 1 to 2147483647;
  * 0 for anything else. Reads the bytes, without decoding them.
  */
 export function headPid(head: Uint8Array): number {

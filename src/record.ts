@@ -21,9 +21,6 @@ export const MAX_RECORD_BYTES = 4096;
 /** The largest valid PID (`pid_t` is a signed 32-bit integer). */
 export const MAX_PID = 0x7fffffff;
 
-const MARKER = /^runlock [1-9][0-9]{0,8}$/;
-const PID = /^[1-9][0-9]{0,9}$/;
-
 /** A parsed lock file. */
 export type Record =
   | { kind: "empty" }
@@ -43,17 +40,6 @@ export type Record =
   }
   | { kind: "foreign"; pid: number }
   | { kind: "garbage"; reason: string };
-
-/**
- * Parses a PID as the protocol allows it: decimal, no sign, no leading zero,
- * no padding, 1 to 2147483647. Returns 0 for anything else, so no caller can
- * ever hand `kill` a 0 or a negative number.
- */
-export function parsePid(text: string): number {
-  if (!PID.test(text)) return 0;
-  const pid = Number(text);
-  return pid <= MAX_PID ? pid : 0;
-}
 
 /**
  * The part of this process's record that is the same for every lock:
@@ -76,7 +62,12 @@ export function formatRecord(
   return `${head}started=${started.toISOString()}\nruntime=${runtime}\n${extra}`;
 }
 
-const decoder = new TextDecoder("utf-8", { fatal: true });
+// Decoding is lenient first, strict only when the text has a U+FFFD: a
+// replacement character appears exactly where bytes are not UTF-8 (or where
+// the file has one itself), and Deno's strict decoder costs 2.7 times its
+// lenient one (0.34 against 0.125 µs for 129 bytes, measured).
+const lenient = new TextDecoder("utf-8");
+const strict = new TextDecoder("utf-8", { fatal: true });
 
 // User fields are written as `meta.<key>=<value>`: readers that do not know
 // them (other tools, older runlock versions) ignore keys they do not know,
@@ -96,10 +87,47 @@ export function metaLines(meta: { [key: string]: string }): string {
   return out;
 }
 
-/** A line without its trailing CR, if any. */
-function chomp(line: string): string {
-  return line.endsWith("\r") ? line.slice(0, -1) : line;
+/**
+ * Where the line of `text` that ends at `nl` (its newline, or the text's
+ * end) ends without its trailing CR, if any; `from` is where it starts.
+ */
+function lineEnd(text: string, from: number, nl: number): number {
+  return nl > from && text.charCodeAt(nl - 1) === 13 ? nl - 1 : nl;
 }
+
+/**
+ * `text` from `from` to `to` as a PID, as the protocol allows it: decimal, no
+ * sign, no leading zero, no padding, 1 to 2147483647. Returns 0 for anything
+ * else, so no caller can ever hand `kill` a 0 or a negative number.
+ */
+function pidAt(text: string, from: number, to: number): number {
+  if (to - from < 1 || to - from > 10) return 0;
+  const lead = text.charCodeAt(from);
+  if (lead < 0x31 || lead > 0x39) return 0;
+  let pid = 0;
+  for (let i = from; i < to; i++) {
+    const digit = text.charCodeAt(i) - 0x30;
+    if (digit < 0 || digit > 9) return 0;
+    pid = pid * 10 + digit;
+  }
+  return pid <= MAX_PID ? pid : 0;
+}
+
+/** Whether `text` from `from` to `to` is the marker: `runlock <1-9 digits>`. */
+function markerAt(text: string, from: number, to: number): boolean {
+  const digitCount = to - from - MARKER_WORD.length;
+  if (digitCount < 1 || digitCount > 9) return false;
+  if (!text.startsWith(MARKER_WORD, from)) return false;
+  const lead = text.charCodeAt(from + MARKER_WORD.length);
+  if (lead < 0x31 || lead > 0x39) return false;
+  for (let i = from + MARKER_WORD.length + 1; i < to; i++) {
+    const c = text.charCodeAt(i);
+    if (c < 0x30 || c > 0x39) return false;
+  }
+  return true;
+}
+
+const MARKER_WORD = "runlock ";
 
 /** The digits of `s` from `at`, `n` of them, or -1 if one is not a digit. */
 function digits(s: string, at: number, n: number): number {
@@ -144,7 +172,11 @@ function parseStarted(value: string): Date {
   return new Date(value);
 }
 
-/** Parses a lock file's bytes. Never throws. */
+/**
+ * Parses a lock file's bytes. Never throws. Lines are found with `indexOf`
+ * on the decoded text and read in place: no array of lines, no regular
+ * expression but for a user field's key (a probe parses a record per call).
+ */
 export function parseRecord(bytes: Uint8Array): Record {
   if (bytes.length === 0) return { kind: "empty" };
   if (bytes.length > MAX_RECORD_BYTES) {
@@ -155,22 +187,29 @@ export function parseRecord(bytes: Uint8Array): Record {
   }
   let text: string;
   try {
-    text = decoder.decode(bytes);
+    text = lenient.decode(bytes);
+    if (text.includes("\uFFFD")) text = strict.decode(bytes);
   } catch {
     return { kind: "garbage", reason: "not UTF-8 text" };
   }
-  const lines = text.split("\n");
-  if (lines.at(-1) === "") lines.pop();
-  const first = chomp(lines[0] ?? "");
-  const pid = parsePid(first);
+  const length = text.length;
+  let nl = text.indexOf("\n");
+  if (nl < 0) nl = length;
+  let end = lineEnd(text, 0, nl);
+  const pid = pidAt(text, 0, end);
   if (pid === 0) {
-    const shown = JSON.stringify(first.slice(0, 40));
+    const shown = JSON.stringify(text.slice(0, Math.min(end, 40)));
     return {
       kind: "garbage",
       reason: `first line ${shown} is not a PID from 1 to ${MAX_PID}`,
     };
   }
-  if (lines.length < 2 || !MARKER.test(chomp(lines[1]))) {
+  let at = nl + 1;
+  if (at < length) {
+    nl = text.indexOf("\n", at);
+    if (nl < 0) nl = length;
+  }
+  if (at >= length || !markerAt(text, at, lineEnd(text, at, nl))) {
     // A plain pidfile from another tool (pidfile(3), start-stop-daemon, ...).
     return { kind: "foreign", pid };
   }
@@ -180,37 +219,48 @@ export function parseRecord(bytes: Uint8Array): Record {
   let boot = "";
   let pidns = "";
   const meta: { [key: string]: string } = {};
-  for (let i = 2; i < lines.length; i++) {
-    const line = lines[i];
-    const eq = line.indexOf("=");
-    if (eq < 0) continue;
-    const key = line.slice(0, eq);
-    const value = chomp(line.slice(eq + 1));
-    switch (key) {
-      case "host":
-        host = value;
-        break;
-      case "started": {
-        const date = parseStarted(value);
-        if (!Number.isNaN(date.getTime())) started = date;
-        break;
-      }
-      case "runtime":
-        runtime = value;
-        break;
-      case "boot":
-        boot = value;
-        break;
-      case "pidns":
-        pidns = value;
-        break;
-      default:
-        if (
-          key.startsWith(META_PREFIX) && META_KEY.test(key.slice(5)) &&
-          key !== "meta.__proto__"
-        ) {
-          meta[key.slice(5)] = value;
+  for (at = nl + 1; at < length; at = nl + 1) {
+    nl = text.indexOf("\n", at);
+    if (nl < 0) nl = length;
+    // `key=value`: the key ends at the line's first `=`.
+    const eq = text.indexOf("=", at);
+    if (eq < 0) break;
+    if (eq > nl) continue;
+    end = lineEnd(text, eq + 1, nl);
+    switch (eq - at) {
+      case 4:
+        if (text.startsWith("host", at)) {
+          host = text.slice(eq + 1, end);
+          continue;
         }
+        if (text.startsWith("boot", at)) {
+          boot = text.slice(eq + 1, end);
+          continue;
+        }
+        break;
+      case 5:
+        if (text.startsWith("pidns", at)) {
+          pidns = text.slice(eq + 1, end);
+          continue;
+        }
+        break;
+      case 7:
+        if (text.startsWith("started", at)) {
+          const date = parseStarted(text.slice(eq + 1, end));
+          if (!Number.isNaN(date.getTime())) started = date;
+          continue;
+        }
+        if (text.startsWith("runtime", at)) {
+          runtime = text.slice(eq + 1, end);
+          continue;
+        }
+        break;
+    }
+    if (text.startsWith(META_PREFIX, at)) {
+      const key = text.slice(at + META_PREFIX.length, eq);
+      if (META_KEY.test(key) && key !== "__proto__") {
+        meta[key] = text.slice(eq + 1, end);
+      }
     }
   }
   return { kind: "runlock", pid, host, started, runtime, boot, pidns, meta };

@@ -99,6 +99,28 @@ describe("user fields (meta)", () => {
     }
   });
 
+  test("a U+FFFD written in a field is read back as written; one byte that is not UTF-8 beside it makes the file invalid", async () => {
+    const { dir, cleanup } = tempDir();
+    try {
+      const good = join(dir, "good.lock");
+      const text = "4242\nrunlock 1\nhost=h\uFFFDst\nmeta.note=a\uFFFDb\n";
+      writeFileSync(good, text);
+      const info = await inspect(good);
+      assert.equal(info.state, "stale");
+      assert.equal(info.host, "h\uFFFDst");
+      assert.deepEqual(info.meta, { note: "a\uFFFDb" });
+      const bad = join(dir, "bad.lock");
+      const bytes = new TextEncoder().encode(text);
+      bytes[bytes.length - 2] = 0xff;
+      writeFileSync(bad, bytes);
+      const refused = await inspect(bad);
+      assert.equal(refused.state, "invalid");
+      assert.match(refused.reason ?? "", /not UTF-8 text/);
+    } finally {
+      cleanup();
+    }
+  });
+
   test("a record without fields (foreign, older runlock, or none given) has meta {}; unknown and malformed keys are ignored", async () => {
     const { dir, cleanup } = tempDir();
     try {
