@@ -219,11 +219,15 @@ export function parseRecord(bytes: Uint8Array): Record {
   let boot = "";
   let pidns = "";
   const meta: { [key: string]: string } = {};
+  // The first `=` at or after the line's start. Searched again only once
+  // the lines have passed it: lines without one cost no search each, so a
+  // record of many such lines is read in linear time.
+  let eq = -1;
   for (at = nl + 1; at < length; at = nl + 1) {
     nl = text.indexOf("\n", at);
     if (nl < 0) nl = length;
     // `key=value`: the key ends at the line's first `=`.
-    const eq = text.indexOf("=", at);
+    if (eq < at) eq = text.indexOf("=", at);
     if (eq < 0) break;
     if (eq > nl) continue;
     end = lineEnd(text, eq + 1, nl);
