@@ -401,9 +401,10 @@ export const encoder = new TextEncoder();
 export const decoder = new TextDecoder();
 
 /**
- * The PID on line 1 of `head` (up to its first newline, or all of it), as
- * `parseRecord` reads it: decimal, no sign, no leading zero, 1 to 2147483647;
- * 0 for anything else. Reads the bytes, without decoding them.
+ * The PID on line 1 of `head` (up to its first newline, or all of it), by
+ * the protocol's rule: decimal, no sign, no leading zero, 1 to 2147483647;
+ * 0 for anything else, a trailing CR or a leading BOM included (which
+ * `parseRecord` drops). Reads the bytes, without decoding them.
  */
 export function headPid(head: Uint8Array): number {
   let end = head.indexOf(10);
