@@ -62,11 +62,12 @@ export function formatRecord(
   return `${head}started=${started.toISOString()}\nruntime=${runtime}\n${extra}`;
 }
 
-// ASCII, which every record runlock writes is, is decoded leniently: it is
-// valid UTF-8 whatever the decoder, and Deno's strict decoder costs 2.7 times
-// its lenient one (0.34 against 0.125 µs for 129 bytes, measured). Anything
-// else is decoded strictly, which stops at the first byte that is not UTF-8
-// (a lenient decode of 4 KiB of such bytes took 13-36 µs).
+// A record of ASCII (the usual one: runlock's own fields are ASCII) is
+// decoded leniently: ASCII is valid UTF-8 whatever the decoder, and Deno's
+// strict decoder costs 2.7 times its lenient one (0.34 against 0.125 µs for
+// 129 bytes, measured). Anything else is decoded strictly, which stops at
+// the first byte that is not UTF-8 (a lenient decode of 4 KiB of such bytes
+// took 13-36 µs).
 const lenient = new TextDecoder("utf-8");
 const strict = new TextDecoder("utf-8", { fatal: true });
 
