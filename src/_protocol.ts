@@ -23,7 +23,7 @@ import {
   type Liveness,
   SysError,
 } from "./platform/types.ts";
-import { formatRecord, MAX_PID, recordHead } from "./record.ts";
+import { formatRecord, MARKER_WORD, MAX_PID, recordHead } from "./record.ts";
 
 /** Attempts in one acquire loop before giving up as contended. */
 export const MAX_ATTEMPTS = 16;
@@ -428,8 +428,8 @@ export function headHasMarker(head: Uint8Array): boolean {
   const first = head.indexOf(10);
   if (first < 0) return false;
   let i = first + 1;
-  for (let k = 0; k < MARKER_WORD.length; k++) {
-    if (head[i++] !== MARKER_WORD[k]) return false;
+  for (let k = 0; k < MARKER_BYTES.length; k++) {
+    if (head[i++] !== MARKER_BYTES[k]) return false;
   }
   const start = i;
   if (head[i] < 0x31 || head[i] > 0x39) return false;
@@ -439,7 +439,7 @@ export function headHasMarker(head: Uint8Array): boolean {
   return head[i] === 10;
 }
 
-const MARKER_WORD = encoder.encode("runlock ");
+const MARKER_BYTES = encoder.encode(MARKER_WORD);
 
 // Temp names: a random 32-bit prefix per process and a counter, so that a
 // name costs no system call and no random draw on the hot path, and other

@@ -135,7 +135,8 @@ function markerAt(text: string, from: number, to: number): boolean {
   return true;
 }
 
-const MARKER_WORD = "runlock ";
+/** Line 2 of a record, before its version: `runlock <1-9 digits>`. */
+export const MARKER_WORD = "runlock ";
 
 /** The digits of `s` from `at`, `n` of them, or -1 if one is not a digit. */
 function digits(s: string, at: number, n: number): number {
