@@ -106,13 +106,17 @@ class Entry {
   open(prefix: string): void {
     if (this.close !== undefined) return;
     const dispatch = (name: string, moved: boolean) => {
-      const set = this.byName.get(name);
-      if (set === undefined) return;
-      for (const listener of set) {
-        try {
-          listener.onEvent(moved);
-        } catch {
-          // One listener's failure is not another's.
+      // "": the watch lost events, and any file may have changed.
+      const sets = name === "" ? [...this.byName.values()] : [
+        this.byName.get(name),
+      ];
+      for (const set of sets) {
+        for (const listener of set ?? []) {
+          try {
+            listener.onEvent(moved);
+          } catch {
+            // One listener's failure is not another's.
+          }
         }
       }
     };

@@ -22,10 +22,11 @@ const RECHECK_MS = 1000;
 /** The re-scan's period where there is no watch to wait for (ms). */
 const POLL_MS = 1000;
 /**
- * Deno's re-scan period once its watch has been quiet for
- * {@linkcode QUIET_MS} (ms): every second while events come.
+ * The period of the periodic passes where every directory is watched
+ * (Deno's) once the watch has been quiet for {@linkcode QUIET_MS} (ms):
+ * every second while events come.
  */
-const DENO_QUIET_POLL_MS = 5000;
+const QUIET_POLL_MS = 5000;
 const QUIET_MS = 10_000;
 
 /** One iteration of a watch. */
@@ -46,12 +47,18 @@ export class Session implements AsyncIterableIterator<Change[]> {
   #flushing: (() => void) | undefined;
   #delivering: (() => void) | undefined;
   #recheck: (() => void) | undefined;
+  /** When the pending re-scan or look is due (performance.now()). */
+  #recheckAt = 0;
   #eventsSince = false;
   /** Something cannot be watched (a directory, or a holder's close): poll. */
   #poll = false;
-  /** Deno: its watch may drop events, so poll too (see #watchDir). */
+  /** The watch may lose events unsaid: re-scan periodically too. */
   #safety = false;
-  #lastEvent = 0;
+  /** The watch may miss its directory's removal: look at it periodically. */
+  #blind = false;
+  /** A re-scan has seen no new events since the last event. */
+  #scanned = true;
+  #lastEvent = -Infinity;
   #last: Promise<unknown> = Promise.resolve();
   readonly #onAbort = () => this.#shutdown();
   readonly #paths: Paths;
@@ -234,11 +241,9 @@ export class Session implements AsyncIterableIterator<Change[]> {
       this.#onEvent(d, name, moved);
     d.close = p.watchDir(path, onEvent, false) ??
       p.watchDir(path, onEvent, true);
-    // Deno's watch has been seen to drop events (after a burst, a fresh
-    // watch in the same process reported none of a directory's removal;
-    // Deno 2.9.6): there, the re-scan runs every second as well.
     if (d.close === undefined) this.#poll = true;
-    if (p.runtime === "deno") this.#safety = true;
+    if (p.watchLosesQuietly) this.#safety = true;
+    if (p.watchMissesRemoval) this.#blind = true;
     this.#dirs.add(d);
     return d;
   }
@@ -295,7 +300,7 @@ export class Session implements AsyncIterableIterator<Change[]> {
     const resolve = this.#waiter!;
     this.#settleWaiter();
     resolve({ value: present, done: false });
-    if (this.#poll || this.#safety) this.#scheduleRecheck(this.#period());
+    if (this.#periodic()) this.#scheduleRecheck(this.#period());
     // Events that came during the listing.
     if (this.#dirty.size > 0 || this.#dirtyDirs.size > 0) this.#flush();
   }
@@ -373,7 +378,12 @@ export class Session implements AsyncIterableIterator<Change[]> {
    */
   #onEvent(d: DirWatch, name: string, moved: boolean): void {
     if (this.#phase === "done" || d.dropped) return;
+    // The first event of a burst (the last re-scan saw none new), or a
+    // lapse (the watch lost events): a re-scan soon, not at the next of
+    // the periodic passes, which may be seconds away.
+    const soon = this.#scanned || name === "";
     this.#eventsSince = true;
+    this.#scanned = false;
     this.#lastEvent = performance.now();
     this.#dirtyDirs.add(d);
     if (TEMP_NAME.test(name)) {
@@ -385,7 +395,10 @@ export class Session implements AsyncIterableIterator<Change[]> {
     }
     // Events of one turn of the event loop are handled together.
     this.#flushing ??= p.unrefLater(() => this.#flush(), 0);
-    if (this.#recheck === undefined) this.#scheduleRecheck(RECHECK_FIRST_MS);
+    if (
+      this.#recheck === undefined ||
+      (soon && this.#recheckAt > this.#lastEvent + RECHECK_FIRST_MS)
+    ) this.#scheduleRecheck(RECHECK_FIRST_MS);
   }
 
   /**
@@ -439,23 +452,40 @@ export class Session implements AsyncIterableIterator<Change[]> {
 
   #scheduleRecheck(ms: number): void {
     this.#recheck?.();
+    this.#recheckAt = performance.now() + ms;
     this.#recheck = p.unrefLater(() => {
       this.#recheck = undefined;
       if (this.#phase !== "open") return;
       const again = this.#eventsSince;
       this.#eventsSince = false;
-      this.#rescan();
-      if (this.#poll || this.#safety) this.#scheduleRecheck(this.#period());
+      if (this.#poll || this.#safety || !this.#scanned) {
+        this.#rescan();
+        if (!again) this.#scanned = true;
+      } else {
+        for (const d of [...this.#dirs]) this.#check(d);
+        this.#deliver();
+      }
+      if (this.#periodic()) this.#scheduleRecheck(this.#period());
       else if (again) this.#scheduleRecheck(RECHECK_MS);
     }, ms);
   }
 
-  /** How long until the next re-scan, when re-scans are periodic (ms). */
+  /**
+   * Whether passes run periodically: a re-scan where something cannot be
+   * watched or the watch may lose events unsaid, a look at each directory
+   * where its removal may go unreported (Deno) once a re-scan has seen no
+   * new events.
+   */
+  #periodic(): boolean {
+    return this.#poll || this.#safety || this.#blind;
+  }
+
+  /** How long until the next pass, when passes are periodic (ms). */
   #period(): number {
     if (this.#poll) return POLL_MS;
     return performance.now() - this.#lastEvent < QUIET_MS
       ? POLL_MS
-      : DENO_QUIET_POLL_MS;
+      : QUIET_POLL_MS;
   }
 
   /**

@@ -96,6 +96,10 @@ function isDirectory(path: string): boolean {
 export const platform: Platform = {
   runtime: isBun ? "bun" : "node",
   pid: process.pid,
+  // libuv drops the kernel's queue overflow on Linux, but only in a burst,
+  // whose queued events it delivers; Bun reports it (a null name).
+  watchLosesQuietly: false,
+  watchMissesRemoval: false,
   openMayBlock: false,
 
   realDir(path: string): string {
@@ -241,7 +245,7 @@ export const platform: Platform = {
   ): (() => void) | undefined {
     try {
       const watcher = watch(dir, { persistent: false }, (event, name) => {
-        if (name) onChange(String(name), event === "rename");
+        onChange(name ? String(name) : "", event === "rename" || !name);
       });
       watcher.on("error", () => watcher.close());
       return () => watcher.close();

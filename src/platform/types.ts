@@ -117,6 +117,18 @@ export interface Platform {
   readonly runtime: string;
   /** This process's PID. */
   readonly pid: number;
+  /**
+   * Whether {@linkcode Platform.watchDir} may lose events without saying
+   * so other than in a burst (whose events it delivers first): then a
+   * watch's only safety is a periodic look of its own.
+   */
+  readonly watchLosesQuietly: boolean;
+  /**
+   * Whether the watch of a directory that is removed may report nothing
+   * at all (neither the directory's end nor its entries'): then a watch
+   * looks at its directories periodically.
+   */
+  readonly watchMissesRemoval: boolean;
   /** This host's name, or `""` when it cannot be had without asking. */
   hostname(): string;
   /**
@@ -176,9 +188,10 @@ export interface Platform {
   /**
    * Calls `onChange` with an entry's name when an entry of `dir` changes
    * (`moved`: it was created, removed or renamed, not just modified),
-   * until the returned function is called. Returns `undefined` when
-   * watching is not possible; callers then poll. With `keepAlive: false`
-   * the watch must not keep the process alive, or is not made.
+   * until the returned function is called; with `""` when the watch lost
+   * events and says so (any entry may have changed). Returns `undefined`
+   * when watching is not possible; callers then poll. With `keepAlive:
+   * false` the watch must not keep the process alive, or is not made.
    */
   watchDir(
     dir: string,
