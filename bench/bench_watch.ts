@@ -16,7 +16,8 @@
 //   bench_watch hold-many <dir> <n>
 //
 // Knobs: RUNLOCK_BENCH_WATCH_SAMPLES (15), RUNLOCK_BENCH_WATCH_LOCKS
-// (1000), RUNLOCK_BENCH_WATCH_IDLE_MS (5000).
+// (1000), RUNLOCK_BENCH_WATCH_IDLE_MS (5000), RUNLOCK_BENCH_WATCH_SETTLE_MS
+// (30000).
 //
 // bench/bench.ts can call `watchSection(workers, floorBinary)` with its own
 // worker commands (each the transpiled copy of this file: transpileWorker
@@ -33,6 +34,18 @@ type Runlock = typeof import("../mod.ts");
 const SAMPLES = Number(process.env.RUNLOCK_BENCH_WATCH_SAMPLES ?? 15);
 const LOCKS = Number(process.env.RUNLOCK_BENCH_WATCH_LOCKS ?? 1000);
 const IDLE_MS = Number(process.env.RUNLOCK_BENCH_WATCH_IDLE_MS ?? 5000);
+/**
+ * How long the idle watch runs before its windows (ms): the runtime's own
+ * one-time work after the SIGKILL samples and the first batch is over by
+ * then. Bun's collector works for some 15 s after them: by hand, 3 s after
+ * the first batch a watching Bun process spent 13.7-14.8 ms in its second
+ * window of 5 s and 3.5-4.4 ms in the others; after 30 s, 0.25-1.6 ms,
+ * as after the watch ended (0.2-2.0). In the runs with 3 s, Bun's idle
+ * watch read as 1.2-1.3 ms/s added.
+ */
+const SETTLE_MS = Number(
+  process.env.RUNLOCK_BENCH_WATCH_SETTLE_MS ?? 30_000,
+);
 /**
  * Idle windows of `IDLE_MS` each, watching and then after the watch ended;
  * each side's median is kept. V8's memory reducer compacts the heap some
@@ -240,7 +253,7 @@ async function worker(): Promise<void> {
       );
     }
     // Whatever follows the first batch (a re-scan after the events of the
-    // listing, if any) is done in well under 3 s.
+    // listing, if any) is done in well under SETTLE_MS.
     let more = 0;
     const tail = (async () => {
       for (;;) {
@@ -249,7 +262,7 @@ async function worker(): Promise<void> {
         more += r.value.length;
       }
     })();
-    await new Promise((r) => setTimeout(r, 3000));
+    await new Promise((r) => setTimeout(r, SETTLE_MS));
     const windows = async () => {
       const cpu: number[] = [];
       for (let i = 0; i < WINDOWS; i++) {
