@@ -106,7 +106,8 @@ class Entry {
   open(prefix: string): void {
     if (this.close !== undefined) return;
     const dispatch = (name: string, moved: boolean) => {
-      // "": the watch lost events, and any file may have changed.
+      // "": the watch lost events, and any file may have changed: each
+      // listener looks again (not moved: a held lock's name may be intact).
       const sets = name === "" ? [...this.byName.values()] : [
         this.byName.get(name),
       ];

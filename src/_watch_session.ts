@@ -58,7 +58,8 @@ export class Session implements AsyncIterableIterator<Change[]> {
   #blind = false;
   /** A re-scan has seen no new events since the last event. */
   #scanned = true;
-  #lastEvent = -Infinity;
+  /** The last event's time; the watch's start before any (quiet after). */
+  #lastEvent = performance.now();
   #last: Promise<unknown> = Promise.resolve();
   readonly #onAbort = () => this.#shutdown();
   readonly #paths: Paths;
@@ -346,6 +347,32 @@ export class Session implements AsyncIterableIterator<Change[]> {
    * runs' ends are looked for, and it is watched no more. The top one
    * ends the iteration once those are reported.
    */
+  /**
+   * Watches `d` anew, its name having moved (away and back, or another
+   * directory moved over it and away): Deno's watch of a subdirectory
+   * renamed away and back while its parent is watched reports nothing
+   * after (2.9.6: a run started in it was never seen), and a fresh watch,
+   * made after the old one's close has gone through, does. The re-scan
+   * the event scheduled finds what came in between.
+   */
+  #rearm(d: DirWatch): void {
+    if (d.close === undefined) return;
+    const close = d.close;
+    d.close = undefined;
+    close();
+    // A timer's turn after the close, which Deno processes after this one.
+    p.unrefLater(() => {
+      if (d.dropped || this.#phase === "done" || d.close !== undefined) {
+        return;
+      }
+      const onEvent = (name: string, moved: boolean) =>
+        this.#onEvent(d, name, moved);
+      d.close = p.watchDir(d.path, onEvent, false) ??
+        p.watchDir(d.path, onEvent, true);
+      if (d.close === undefined) this.#poll = true;
+    }, 5);
+  }
+
   #drop(d: DirWatch): void {
     if (d.dropped) return;
     d.dropped = true;
@@ -438,7 +465,7 @@ export class Session implements AsyncIterableIterator<Change[]> {
             if (child !== undefined) this.#drop(child);
             d.children.delete(name);
             this.#addChild(d, name);
-          }
+          } else if (!closed && p.watchMissesRemoval) this.#rearm(child);
           if (!this.#paths.runs.has(path)) continue;
         } else if (child !== undefined) {
           d.children.delete(name);

@@ -100,8 +100,9 @@ export interface WatchOptions {
  * it) for a holder that dies. After a burst of events, and where a watch
  * cannot be made, a re-scan diffs the directories against what was
  * reported. Idle, a watch makes no system call on Node and Bun; on Deno
- * one `lstat` of each watched directory every 5 s (Deno's watch of a
- * removed directory can report nothing).
+ * 2.9 and later one `lstat` of each watched directory every 5 s (Deno's
+ * watch of a removed directory can report nothing), and before 2.9 a
+ * re-scan every 5 s (its watch drops events without saying so).
  *
  * A held run whose name goes is `released` when its holder lets go of
  * the file's flock within a second (a clean release unlinks, then

@@ -4,6 +4,7 @@
 import assert from "node:assert/strict";
 import {
   mkdirSync,
+  renameSync,
   rmSync,
   symlinkSync,
   unlinkSync,
@@ -20,7 +21,14 @@ import {
   watch,
   type WatchOptions,
 } from "../mod.ts";
-import { Child, deadPid, fixtureCommand, holder, tempDir } from "./_helpers.ts";
+import {
+  Child,
+  deadPid,
+  delay,
+  fixtureCommand,
+  holder,
+  tempDir,
+} from "./_helpers.ts";
 
 /** How long a wait for a change may take before the test calls it hung. */
 const HANG_MS = 120_000;
@@ -370,6 +378,59 @@ describe("watch()", () => {
     } finally {
       await deep.close();
       await flat.close();
+      await child?.kill();
+      cleanup();
+    }
+  });
+
+  test("two watches of one directory, one of them through a symlink: ending one leaves the other seeing a run start and crash", async () => {
+    const { dir, cleanup } = tempDir();
+    const link = `${dir}.link`;
+    symlinkSync(dir, link);
+    const kept = new Watching(dir);
+    const ended = new Watching(link);
+    let child: Child | undefined;
+    try {
+      await kept.batch();
+      await ended.batch();
+      await ended.close();
+      const path = join(dir, "x.lock");
+      child = await holder(path);
+      await kept.until(has(path, "started"));
+      await child.kill();
+      await kept.until(has(path, "crashed"));
+      assert.deepEqual(kept.kinds(path), ["started", "crashed"]);
+    } finally {
+      await kept.close();
+      await child?.kill();
+      unlinkSync(link);
+      cleanup();
+    }
+  });
+
+  test("recursive: a subdirectory renamed away and straight back is still watched: a run started in it later is seen, and its crash", async () => {
+    const { dir, cleanup } = tempDir();
+    const sub = join(dir, "sub");
+    mkdirSync(sub);
+    const deep = new Watching(dir, { recursive: true });
+    let child: Child | undefined;
+    try {
+      await deep.batch();
+      renameSync(sub, `${sub}2`);
+      renameSync(`${sub}2`, sub);
+      // Past the re-scans that follow the renames' events (250 ms, then a
+      // second later), so that only the watch can report the run. Under
+      // load they may still be running: the test then passes either way,
+      // never fails for it.
+      await delay(2000);
+      const path = join(sub, "x.lock");
+      child = await holder(path);
+      await deep.until(has(path, "started"));
+      await child.kill();
+      await deep.until(has(path, "crashed"));
+      assert.deepEqual(deep.kinds(path), ["started", "crashed"]);
+    } finally {
+      await deep.close();
       await child?.kill();
       cleanup();
     }

@@ -386,14 +386,77 @@ const watchedPaths = new Map<string, { key: string; open: number }>();
 const closedThisTurn = new Map<string, string>();
 let clearing: (() => void) | undefined;
 
+/** Whether a `Deno.watchFs` of `path` (now `key`) would arm a watch. */
+function mayArm(path: string, key: string): boolean {
+  const armedKey = watchedPaths.get(path)?.key;
+  if (armedKey !== undefined && armedKey !== key) return false;
+  const closed = closedThisTurn.get(path);
+  return closed === undefined || (closed === key && key.startsWith("d"));
+}
+
+function armed(path: string, key: string): void {
+  const entry = watchedPaths.get(path);
+  if (entry === undefined) watchedPaths.set(path, { key, open: 1 });
+  else entry.open++;
+}
+
+function disarm(path: string, watcher: Deno.FsWatcher): void {
+  const entry = watchedPaths.get(path);
+  if (entry !== undefined && --entry.open === 0) {
+    watchedPaths.delete(path);
+    closedThisTurn.set(path, entry.key);
+  }
+  clearing ??= platform.unrefLater(() => {
+    clearing = undefined;
+    closedThisTurn.clear();
+  }, 0);
+  try {
+    watcher.close();
+  } catch {
+    // Already closed.
+  }
+}
+
+/** `path` with every symlink resolved, or `undefined` if it cannot be. */
+function realPath(path: string): string | undefined {
+  try {
+    return Deno.realPathSync(path);
+  } catch {
+    return undefined;
+  }
+}
+
+/** Reads `watcher`'s events into `onChange` until it closes or fails. */
+function read(
+  watcher: Deno.FsWatcher,
+  onChange: (name: string, moved: boolean) => void,
+): void {
+  (async () => {
+    try {
+      for await (const event of watcher) {
+        if (event.flag === "rescan") {
+          // A lapse: events were lost, any entry may have changed.
+          onChange("", false);
+          continue;
+        }
+        const moved = event.kind !== "modify" && event.kind !== "access";
+        for (const path of event.paths) onChange(basename(path), moved);
+      }
+    } catch {
+      // Closed or failed: the caller keeps polling.
+    }
+  })();
+}
+
 /**
  * The identity of the directory at `path` now (`d` and `dev:ino`), of a
- * file (`f`...), or `""`.
+ * symlink (`l`...), of another file (`f`...), or `""`.
  */
 function identityAt(path: string): string {
   try {
     const s = Deno.lstatSync(path);
-    return `${s.isDirectory ? "d" : "f"}${s.dev}:${s.ino}`;
+    const kind = s.isDirectory ? "d" : s.isSymlink ? "l" : "f";
+    return `${kind}${s.dev}:${s.ino}`;
   } catch {
     return "";
   }
@@ -737,56 +800,34 @@ export const platform: Platform = {
     // A Deno watcher (Deno.watchFs, or node:fs.watch even with
     // persistent: false) keeps the process alive: measured on 2.9.6.
     if (!keepAlive) return undefined;
-    let watcher: Deno.FsWatcher;
     let key: string;
+    let watcher: Deno.FsWatcher;
+    let path = dir;
     try {
       need("read", dir, "watch");
       key = identityAt(dir);
-      const armed = watchedPaths.get(dir)?.key;
-      if (armed !== undefined && armed !== key) return undefined;
-      const closed = closedThisTurn.get(dir);
-      if (closed !== undefined && (closed !== key || !key.startsWith("d"))) {
-        return undefined;
+      if (key.startsWith("l") || key.startsWith("d")) {
+        // A directory is watched by its real path: Deno's watcher keeps one
+        // inotify watch per inode and counts its paths, so closing the
+        // watch of one path of a directory (a symlink to it) silenced every
+        // other watch of it for good (2.9.6: watch() then saw no run start
+        // or end there). Watches of one path Deno counts itself.
+        const real = realPath(dir);
+        const k = real === undefined ? "" : identityAt(real);
+        if (k.startsWith("d")) [path, key] = [real!, k];
       }
-      watcher = Deno.watchFs(dir, { recursive: false });
+      if (!mayArm(path, key)) return undefined;
+      watcher = Deno.watchFs(path, { recursive: false });
     } catch {
       return undefined;
     }
-    const entry = watchedPaths.get(dir);
-    if (entry === undefined) watchedPaths.set(dir, { key, open: 1 });
-    else entry.open++;
-    (async () => {
-      try {
-        for await (const event of watcher) {
-          if (event.flag === "rescan") {
-            onChange("", true);
-            continue;
-          }
-          const moved = event.kind !== "modify" && event.kind !== "access";
-          for (const path of event.paths) onChange(basename(path), moved);
-        }
-      } catch {
-        // Closed or failed: the caller keeps polling.
-      }
-    })();
+    armed(path, key);
+    read(watcher, onChange);
     let closed = false;
     return () => {
       if (closed) return;
       closed = true;
-      const entry = watchedPaths.get(dir);
-      if (entry !== undefined && --entry.open === 0) {
-        watchedPaths.delete(dir);
-        closedThisTurn.set(dir, entry.key);
-      }
-      clearing ??= platform.unrefLater(() => {
-        clearing = undefined;
-        closedThisTurn.clear();
-      }, 0);
-      try {
-        watcher.close();
-      } catch {
-        // Already closed.
-      }
+      disarm(path, watcher);
     };
   },
 

@@ -245,7 +245,7 @@ export const platform: Platform = {
   ): (() => void) | undefined {
     try {
       const watcher = watch(dir, { persistent: false }, (event, name) => {
-        onChange(name ? String(name) : "", event === "rename" || !name);
+        onChange(name ? String(name) : "", event === "rename" && !!name);
       });
       watcher.on("error", () => watcher.close());
       return () => watcher.close();

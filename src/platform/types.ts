@@ -188,8 +188,8 @@ export interface Platform {
   /**
    * Calls `onChange` with an entry's name when an entry of `dir` changes
    * (`moved`: it was created, removed or renamed, not just modified),
-   * until the returned function is called; with `""` when the watch lost
-   * events and says so (any entry may have changed). Returns `undefined`
+   * until the returned function is called; with `""` (not `moved`) when
+   * the watch lost events and says so (any entry may have changed). Returns `undefined`
    * when watching is not possible; callers then poll. With `keepAlive:
    * false` the watch must not keep the process alive, or is not made.
    */
