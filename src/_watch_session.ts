@@ -28,6 +28,13 @@ const POLL_MS = 1000;
  */
 const QUIET_POLL_MS = 5000;
 const QUIET_MS = 10_000;
+/**
+ * Where the directory watch may go deaf unsaid (Deno: one inotify watch per
+ * inode for the process; a watch of a directory renamed away and back, or
+ * of one inode under two paths, reports nothing more), a re-scan at least
+ * this often (ms), so that such a watch costs latency, not a change.
+ */
+const BACKSTOP_MS = 60_000;
 
 /** One iteration of a watch. */
 export class Session implements AsyncIterableIterator<Change[]> {
@@ -58,6 +65,8 @@ export class Session implements AsyncIterableIterator<Change[]> {
   #blind = false;
   /** A re-scan has seen no new events since the last event. */
   #scanned = true;
+  /** When the last re-scan ran (performance.now()). */
+  #lastScan = performance.now();
   /** The last event's time; the watch's start before any (quiet after). */
   #lastEvent = performance.now();
   #last: Promise<unknown> = Promise.resolve();
@@ -352,10 +361,13 @@ export class Session implements AsyncIterableIterator<Change[]> {
    * directory moved over it and away): Deno's watch of a subdirectory
    * renamed away and back while its parent is watched reports nothing
    * after (2.9.6: a run started in it was never seen), and a fresh watch,
-   * made after the old one's close has gone through, does. The re-scan
+   * made after the old one's close has gone through, does (the same for
+   * each subdirectory below it). The re-scan
    * the event scheduled finds what came in between.
    */
   #rearm(d: DirWatch): void {
+    // Its subdirectories' watches go deaf with it.
+    for (const child of d.children.values()) this.#rearm(child);
     if (d.close === undefined) return;
     const close = d.close;
     d.close = undefined;
@@ -485,7 +497,8 @@ export class Session implements AsyncIterableIterator<Change[]> {
       if (this.#phase !== "open") return;
       const again = this.#eventsSince;
       this.#eventsSince = false;
-      if (this.#poll || this.#safety || !this.#scanned) {
+      const due = performance.now() - this.#lastScan >= BACKSTOP_MS;
+      if (this.#poll || this.#safety || !this.#scanned || due) {
         this.#rescan();
         if (!again) this.#scanned = true;
       } else {
@@ -523,6 +536,7 @@ export class Session implements AsyncIterableIterator<Change[]> {
    * be locks are not opened again.
    */
   #rescan(): void {
+    this.#lastScan = performance.now();
     for (const d of [...this.#dirs]) {
       if (!this.#check(d)) continue;
       let entries;

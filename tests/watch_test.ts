@@ -408,10 +408,10 @@ describe("watch()", () => {
     }
   });
 
-  test("recursive: a subdirectory renamed away and straight back is still watched: a run started in it later is seen, and its crash", async () => {
+  test("recursive: a subdirectory renamed away and straight back is still watched, and the one inside it: a run started there later is seen, and its crash", async () => {
     const { dir, cleanup } = tempDir();
     const sub = join(dir, "sub");
-    mkdirSync(sub);
+    mkdirSync(join(sub, "inner"), { recursive: true });
     const deep = new Watching(dir, { recursive: true });
     let child: Child | undefined;
     try {
@@ -423,7 +423,7 @@ describe("watch()", () => {
       // load they may still be running: the test then passes either way,
       // never fails for it.
       await delay(2000);
-      const path = join(sub, "x.lock");
+      const path = join(sub, "inner", "x.lock");
       child = await holder(path);
       await deep.until(has(path, "started"));
       await child.kill();
