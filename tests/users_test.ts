@@ -140,7 +140,19 @@ describe("real users, real permissions", () => {
     const path = join(dir, "run.lock");
     const deadPid = await staleOf(A, path);
     assert.equal(lstatSync(path).uid, A);
+    // A's litter beside it, which B may not remove either: what A leaves if
+    // it dies between creating and removing its watch's marker (an empty
+    // temp file, made on the lock's first check), as the SIGKILL above can
+    // land there on a busy machine.
+    const litter = join(dir, ".run.lock.0123456789abcdef.tmp");
+    const [touch, ...touchArgs] = as(A, ["touch", litter]);
+    const touched = spawnSync(touch, touchArgs);
+    assert.equal(touched.status, 0, String(touched.stderr));
     const before = snapshot(path);
+    const ownersOf = () =>
+      readdirSync(dir).sort().map((n) => [n, lstatSync(join(dir, n)).uid]);
+    const left = ownersOf();
+    assert.ok(left.every(([, uid]) => uid === A), JSON.stringify(left));
     // B may read it: it is stale, and names A's dead run.
     const seen = await once(B, ["probe", path]);
     assert.equal(seen.state, "stale");
@@ -162,8 +174,8 @@ describe("real users, real permissions", () => {
     assert.ok(elapsed < 60_000, `took ${elapsed} ms with a 60 s timeout`);
     console.log(`refused after ${elapsed} ms (child start included)`);
     assert.equal(snapshot(path), before, "the stale file is untouched");
-    assert.deepEqual(readdirSync(dir), ["run.lock"], "B left no temp file");
-    // Its owner takes it over at once.
+    assert.deepEqual(ownersOf(), left, "B left no temp file, and A's litter");
+    // Its owner takes it over at once, and sweeps its own litter.
     const owner = await once(A, ["try", path]);
     assert.equal(owner.event, "acquired");
     assert.deepEqual(readdirSync(dir), []);
