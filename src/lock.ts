@@ -552,8 +552,9 @@ interface Sleeps {
  * descriptor closed by the kernel: IN_CLOSE_WRITE, as "access"), so there
  * the looks can be rare (`WATCHED_MAX`; `max` while no watch is armed).
  * Node's and Bun's (libuv's inotify mask, Bun's) report no close: there a
- * close watch (inotify's IN_CLOSE_WRITE, see `platform/_close_node.ts`)
- * reports it, on Linux, and the looks can be as rare; elsewhere they are
+ * close watch of the file (inotify's IN_CLOSE_WRITE, IN_ATTRIB and
+ * IN_MOVE_SELF, see `platform/_close_node.ts`) reports its close, unlink
+ * and renames, on Linux, and the looks can be as rare; elsewhere they are
  * what finds a dead holder, and come at least every 250 ms.
  */
 const ASYNC_SLEEPS: Sleeps = {
@@ -566,12 +567,10 @@ const ASYNC_SLEEPS: Sleeps = {
  * "access"), so no close watch is made beside it.
  */
 const FILE_WATCH_SEES_CLOSE = p.runtime === "deno";
-/** The longest sleep of a waiter whose close watch is open. */
-const CLOSE_WATCHED_MAX = 1000;
 /**
  * The longest sleep of a waiter whose watches see both a release and the
- * death of its holder (a runlock holder on this host; on Node and Bun with
- * the close watch beside the file's, on Deno the file's alone). Each
+ * death of its holder (a runlock holder on this host; on Node and Bun on
+ * Linux the file's close watch, on Deno the file's watch). Each
  * look costs its process 0.3-1.3 ms of CPU, most of it the wake-up itself
  * (a bare timer's costs 0.3-1.4 ms here): at one look a second, 50 waiters
  * burnt 0.75-1.2 CPU-s in 6 s, most of it in looks. The watches are checked
@@ -605,15 +604,9 @@ interface Woken {
    */
   ended?: boolean;
   /**
-   * The longest sleep when it is not `sleeps.max`: a waiter whose close
-   * watch is open (Node and Bun on Linux) is told of a dying holder, so
-   * its looks can be as rare as on Deno.
-   */
-  max?: number;
-  /**
    * The watches see both the file's end and its holder's close: on Node
-   * and Bun on Linux, the file's and the close watch through inotify; on
-   * Deno, the file's own (not the directory's). With a runlock holder on
+   * and Bun on Linux, the file's close watch through inotify; on Deno, the
+   * file's own (not the directory's). With a runlock holder on
    * this host, the looks then grow to `WATCHED_MAX`: they only catch what
    * the watches miss.
    */
@@ -750,7 +743,7 @@ function* acquireSteps(
           ? Math.min(UNWATCHED_MAX, sleeps.max)
           : armed !== undefined && wake.watched
           ? WATCHED_MAX
-          : wake.max ?? sleeps.max;
+          : sleeps.max;
         if (wake.woken || now) {
           interval = 1;
           ramp = true;
@@ -820,14 +813,16 @@ export async function acquire(
   const target = pin(lp);
   let wake: (() => void) | undefined;
   let listener: Listener | undefined;
-  const woken: Woken = { woken: false, max: undefined };
+  const woken: Woken = { woken: false };
   // A waiter sleeps on the watch of the lock file (shared by the waiters of
   // it in this process): woken by its unlink or rename (a release unlinks
   // it) and, where the runtime reports it, by the holder's close (a dying
   // holder's descriptor is closed by the kernel). The file at the name
   // changes with each holder: the watch follows it.
-  // Node and Bun: their watch reports no close, so the holder's close
-  // (its death included) is watched beside it, through inotify itself.
+  // Node and Bun on Linux: the file's own inotify watch (the close watch)
+  // reports its holder's close (its death included), its unlink and its
+  // renames, so no fs.watch of the file is made beside it (Bun's first
+  // fs.watch costs its process 2 ms of CPU and a thread).
   let unclose: (() => void) | undefined;
   let closeKey = "";
   // Set by every event: the file may be gone, and the next holder's file
@@ -861,8 +856,16 @@ export async function acquire(
           ? prefix + target.name
           : `${prefix}/${target.name}`,
         onEvent,
+        true,
       );
-      woken.max = unclose === undefined ? undefined : CLOSE_WATCHED_MAX;
+    }
+    if (unclose !== undefined) {
+      // The close watch sees every end of this file (armed by path: it is
+      // on the file there now, checked below).
+      listener?.stop();
+      listener = undefined;
+      woken.watched = true;
+      return fileKey(target.pinned, target.name) === key ? key : "";
     }
     // A watch that could not be made (Deno refuses one for a while, see
     // `Platform.watchDir`) is asked for again at each sleep.
@@ -873,8 +876,7 @@ export async function acquire(
       if (made === "ENOENT") return "";
     }
     const watching = listener?.watching() === true;
-    woken.watched = watching &&
-      (unclose !== undefined || FILE_WATCH_SEES_CLOSE);
+    woken.watched = watching && FILE_WATCH_SEES_CLOSE;
     if (!watching) return undefined;
     // The watches are armed by path: on the file that is there now, which
     // may no longer be the one `key` named (or none: then no watch was

@@ -4,7 +4,10 @@
  * waiter could find a SIGKILLed holder only by polling. The holder's
  * descriptor is open read-write, so its last close (the kernel's, when the
  * holder dies) is inotify's `IN_CLOSE_WRITE`, and it comes microseconds
- * before the flock goes.
+ * before the flock goes. A waiter's watch also asks for the file's unlink
+ * and a rename over it (`IN_ATTRIB`: its link count changed) and its
+ * renames (`IN_MOVE_SELF`): every end of a holder's file, so that the
+ * waiter needs no `fs.watch` of it.
  *
  * One inotify descriptor per process (`inotify_init1`, non-blocking,
  * close-on-exec), one watch per file (inotify gives one watch descriptor
@@ -30,10 +33,14 @@ import { process } from "../_process.ts";
 import { LIBC } from "./_libc_node.ts";
 import { load } from "./_node.ts";
 
+const IN_ATTRIB = 0x4;
 const IN_CLOSE_WRITE = 0x8;
+const IN_MOVE_SELF = 0x800;
 const IN_Q_OVERFLOW = 0x4000;
 const IN_IGNORED = 0x8000;
 const IN_DONT_FOLLOW = 0x2000000;
+/** What every watch asks for: each listener picks its part. */
+const WATCHED = IN_CLOSE_WRITE | IN_ATTRIB | IN_MOVE_SELF;
 const NONBLOCK = 0o4000;
 const CLOEXEC = 0o2000000;
 /**
@@ -61,9 +68,15 @@ interface Waiter {
   stop(): void;
 }
 
+/** A listener and the events it is called for. */
+interface Listener {
+  readonly call: () => void;
+  readonly mask: number;
+}
+
 interface Entry {
   readonly wd: number;
-  readonly listeners: Set<() => void>;
+  readonly listeners: Set<Listener>;
 }
 
 interface State {
@@ -84,16 +97,22 @@ let state: State | null | undefined;
 /**
  * Calls `onClose` when a descriptor opened for writing on the file at
  * `path` is closed (including by the kernel when its holder dies), until
- * the returned function is called. Never keeps the process alive. Returns
- * `undefined` where it cannot watch (the caller polls).
+ * the returned function is called; with `ends`, also when the file loses
+ * or gains a name (its unlink, a rename over it: inotify's `IN_ATTRIB`,
+ * which a change of its mode or times also is) or is renamed
+ * (`IN_MOVE_SELF`). Never keeps the process alive. Returns `undefined`
+ * where it cannot watch (the caller polls).
  */
 export function watchClose(
   path: string,
   onClose: () => void,
+  ends = false,
 ): (() => void) | undefined {
   const s = state === undefined ? (state = setUp()) : state;
   if (s === null) return undefined;
-  const wd = s.calls.addWatch(s.fd, path, IN_CLOSE_WRITE | IN_DONT_FOLLOW);
+  // One watch per inode, whoever asks: always the events of every kind of
+  // listener (a second inotify_add_watch replaces the mask).
+  const wd = s.calls.addWatch(s.fd, path, WATCHED | IN_DONT_FOLLOW);
   if (wd < 0) return undefined;
   let entry = s.byWd.get(wd);
   if (entry === undefined) {
@@ -101,9 +120,12 @@ export function watchClose(
     s.byWd.set(wd, entry);
   }
   const own = entry;
-  // A listener is its own function: two waiters passing one callback
-  // are still two listeners.
-  const listener = () => onClose();
+  // A listener is its own object: two waiters passing one callback are
+  // still two listeners.
+  const listener: Listener = {
+    call: onClose,
+    mask: ends ? WATCHED : IN_CLOSE_WRITE,
+  };
   own.listeners.add(listener);
   if (++s.count === 1) s.waiter.start();
   let stopped = false;
@@ -157,14 +179,14 @@ function parse(
     if (mask & IN_Q_OVERFLOW) {
       // Events were lost: any file may have been closed.
       for (const e of s.byWd.values()) {
-        for (const l of e.listeners) due.add(l);
+        for (const l of e.listeners) due.add(l.call);
       }
       continue;
     }
     const entry = s.byWd.get(wd);
     if (entry === undefined) continue;
-    if (mask & IN_CLOSE_WRITE) {
-      for (const l of entry.listeners) due.add(l);
+    for (const l of entry.listeners) {
+      if (mask & l.mask) due.add(l.call);
     }
     // The file is gone (its last link and descriptor): the kernel
     // removed the watch; its listeners stay until they stop.

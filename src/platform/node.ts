@@ -254,7 +254,11 @@ export const platform: Platform = {
     }
   },
 
-  watchClose(path: string, onClose: () => void): (() => void) | undefined {
-    return watchClose(path, onClose);
+  watchClose(
+    path: string,
+    onClose: () => void,
+    ends?: boolean,
+  ): (() => void) | undefined {
+    return watchClose(path, onClose, ends);
   },
 };

@@ -202,11 +202,18 @@ export interface Platform {
    * Calls `onClose` when a descriptor opened for writing on the file at
    * `path` is closed, including by the kernel when its holder dies, until
    * the returned function is called. Never keeps the process alive.
+   * With `ends`, also when the file is unlinked, renamed, or replaced by a
+   * rename over it (and when its mode or times change): the events that
+   * end a holder's file, so that a waiter needs no other watch of it.
    * Returns `undefined` where the runtime cannot (or need not: Deno's
    * {@linkcode Platform.watchDir} of the file reports the close itself);
    * callers then rely on their other wake-ups and their poll.
    */
-  watchClose(path: string, onClose: () => void): (() => void) | undefined;
+  watchClose(
+    path: string,
+    onClose: () => void,
+    ends?: boolean,
+  ): (() => void) | undefined;
   /**
    * Whether opening a file can block (no `O_NONBLOCK`: a FIFO swapped in
    * between the `lstat` and the `open` would hang it). Deno: true, except
