@@ -338,18 +338,30 @@ export function checkGoals(input: GoalInput): Goal[] {
     }
     // "None measurable": within 0.1 ms of CPU per second of the same
     // process idle without the watch (the figure's own noise here).
+    // With a long window (a periodic cost of the watch's own: Deno's
+    // re-scan every 60 s), the larger of the two figures.
+    const long = w.idle.long;
+    const added = Math.max(w.idle.addedMsPerS, long?.addedMsPerS ?? -Infinity);
     goals.push({
       goal:
         `watch(): an idle watch of ${w.idle.locks} held runs, ${who}: no CPU measurable between changes (≤ 0.1 ms/s over the same process without it)`,
-      value: w.idle.addedMsPerS,
+      value: added,
       limit: 0.1,
       unit: "ms/s",
-      pass: w.idle.addedMsPerS <= 0.1,
+      pass: added <= 0.1,
       detail: `${fmt(w.idle.cpuMs)} ms of CPU over ${w.idle.ms} ms watching, ${
         fmt(w.idle.baselineCpuMs)
       } ms over the same time after the watch ended (medians of ${w.idle.windows.length} windows: ${
         w.idle.windows.map((x) => fmt(x)).join(", ")
-      }; after: ${w.idle.baselineWindows.map((x) => fmt(x)).join(", ")})`,
+      }; after: ${w.idle.baselineWindows.map((x) => fmt(x)).join(", ")})${
+        long
+          ? `; over one window of ${
+            fmt(long.ms / 1000)
+          } s watching (a re-scan at least every 60 s in it), ${
+            fmt(long.cpuMs)
+          } ms: ${fmt(long.addedMsPerS)} ms/s added`
+          : ""
+      }`,
       issue: 19,
     });
   }
