@@ -100,7 +100,7 @@ export interface WatchOptions {
  * it) for a holder that dies. After a burst of events, and where a watch
  * cannot be made, a re-scan diffs the directories against what was
  * reported. Idle, a watch makes no system call on Node and Bun; on Deno
- * 2.9 and later one `lstat` of each watched directory every 5 s (Deno's
+ * 2.9 and later one `lstat` of each watched directory every 10 s (Deno's
  * watch of a removed directory can report nothing) and a re-scan every
  * 60 s (its watch can go deaf unsaid), and before 2.9 a re-scan every 5 s
  * (its watch drops events without saying so).
