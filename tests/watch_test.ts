@@ -504,6 +504,36 @@ describe("watch()", () => {
     },
   );
 
+  test(
+    "under Deno with --allow-read for a symlink to the watched directory only, the LockPermissionError names the grant it needs: the symlink's and the real directory's",
+    {
+      skip: typeof Deno === "undefined",
+    },
+    async () => {
+      const { dir, cleanup } = tempDir();
+      const real = join(dir, "state");
+      const link = join(dir, "link");
+      mkdirSync(real);
+      symlinkSync(real, link);
+      const w = new Child("watcher.ts", ["follow", link], [
+        `--allow-read=${link}`,
+      ]);
+      try {
+        const { code } = await w.exited;
+        const stderr = w.stderr.join("");
+        assert.notEqual(code, 0, stderr);
+        assert.match(stderr, /LockPermissionError/);
+        assert.ok(
+          stderr.includes(`run Deno with --allow-read=${link},${real} `),
+          stderr,
+        );
+      } finally {
+        await w.kill();
+        cleanup();
+      }
+    },
+  );
+
   test("bad input is a TypeError before anything touches the disk; a file or a missing directory is a RunlockError", async () => {
     const { dir, cleanup } = tempDir();
     try {
