@@ -243,50 +243,61 @@ function wokeBy(
   return shown;
 }
 
+/**
+ * A waiter on a python3 holder's lock, under strace, once it sleeps on its
+ * close watch; `end` ends the holder's file (or the holder). Whether the
+ * waiter took the lock at once after reading an event with `mask` (see
+ * `wokeBy`), and then exited on its own. A fallback look may, rarely, land
+ * between the end and the read of its event and win first: a round then
+ * shows nothing, and another is run (three in all).
+ */
+async function takesAtOnce(
+  end: (path: string, holder: Child) => unknown,
+  mask: number,
+): Promise<boolean> {
+  const { dir, cleanup } = tempDir();
+  try {
+    for (let round = 0; round < 3; round++) {
+      const name = `run${round}.lock`;
+      const path = join(dir, name);
+      const trace = join(dir, `waiter${round}.trace`);
+      const holder = await pyHolder(path);
+      const waiter = tracedWaiter(trace, [path, "120000", "1"]);
+      try {
+        await waiter.expect("waiting");
+        // Once the close watch waits (its poll is issued) and the waiter's
+        // looks have grown apart (see `sleeping`), so that a look finding
+        // the end is the exception the rounds allow for, not the rule.
+        const seen = {};
+        await waitFor(
+          () => sleeping(trace, name, seen, 1, looksAt),
+          "the waiter waits on its close watch",
+        );
+        await end(path, holder);
+        await waiter.expect("acquired");
+        await waiter.expect("done");
+        // Nothing keeps it alive: it ends without process.exit.
+        const { code } = await waiter.exited;
+        assert.equal(code, 0, waiter.stderr.join(""));
+      } finally {
+        await holder.kill();
+        await waiter.kill();
+      }
+      if (wokeBy(trace, name, 1, round, mask)) return true;
+    }
+    return false;
+  } finally {
+    cleanup();
+  }
+}
+
 describe("waiters wake on their holder's close", { skip: skip() }, () => {
   test("a waiter takes the lock of a SIGKILLed holder on its close event (read before its winning attempt), and then exits on its own", async () => {
-    const { dir, cleanup } = tempDir();
-    try {
-      // A fallback look may, rarely, land between the holder's death and
-      // the read of its close event and win first: a round then shows
-      // nothing, and another is run. Without the close watch no round
-      // shows the event.
-      let shown = false;
-      for (let round = 0; round < 3 && !shown; round++) {
-        const path = join(dir, `run${round}.lock`);
-        const trace = join(dir, `waiter${round}.trace`);
-        const holder = await pyHolder(path);
-        const waiter = tracedWaiter(trace, [path, "120000", "1"]);
-        try {
-          await waiter.expect("waiting");
-          // Kill once the close watch waits (its poll is issued) and the
-          // waiter's looks have grown apart (see `sleeping`), so that a
-          // look finding the holder dead is the exception this test's
-          // rounds allow for, not the rule.
-          const seen = {};
-          await waitFor(
-            () => sleeping(trace, `run${round}.lock`, seen),
-            "the waiter waits on its close watch",
-          );
-          await holder.kill("SIGKILL");
-          await waiter.expect("acquired");
-          await waiter.expect("done");
-          // Nothing keeps it alive: it ends without process.exit.
-          const { code } = await waiter.exited;
-          assert.equal(code, 0, waiter.stderr.join(""));
-        } finally {
-          await holder.kill();
-          await waiter.kill();
-        }
-        shown = wokeBy(trace, `run${round}.lock`, 1, round);
-      }
-      assert.ok(
-        shown,
-        "the waiter's winning attempt followed its read of the close event, and came at once",
-      );
-    } finally {
-      cleanup();
-    }
+    // Without the close watch no round shows the event.
+    assert.ok(
+      await takesAtOnce((_, holder) => holder.kill("SIGKILL"), IN_CLOSE_WRITE),
+      "the waiter's winning attempt followed its read of the close event, and came at once",
+    );
   });
 
   test("a waiter that saw its holder's file replaced (a release and retake) takes the lock at the new holder's SIGKILL on the close event of its watch of the new file", async () => {
@@ -355,40 +366,10 @@ describe("waiters wake on their holder's close", { skip: skip() }, () => {
         t.skip("Node and Bun: Deno watches the file with its own watcher");
         return;
       }
-      const { dir, cleanup } = tempDir();
-      try {
-        // A fallback look may, rarely, find the name free first: a round
-        // then shows nothing, and another is run.
-        let shown = false;
-        for (let round = 0; round < 3 && !shown; round++) {
-          const name = `run${round}.lock`;
-          const path = join(dir, name);
-          const trace = join(dir, `waiter${round}.trace`);
-          const holder = await pyHolder(path);
-          const waiter = tracedWaiter(trace, [path, "120000", "1"]);
-          try {
-            await waiter.expect("waiting");
-            await waitFor(
-              () => sleeping(trace, name, {}, 1, looksAt),
-              "the waiter waits on its close watch",
-            );
-            end(path);
-            await waiter.expect("acquired");
-            await waiter.expect("done");
-            assert.equal((await waiter.exited).code, 0, waiter.stderr.join(""));
-          } finally {
-            await holder.kill();
-            await waiter.kill();
-          }
-          shown = wokeBy(trace, name, 1, round, mask);
-        }
-        assert.ok(
-          shown,
-          "the waiter's winning attempt followed its read of the event, and came at once",
-        );
-      } finally {
-        cleanup();
-      }
+      assert.ok(
+        await takesAtOnce(end, mask),
+        "the waiter's winning attempt followed its read of the event, and came at once",
+      );
     });
   }
 
