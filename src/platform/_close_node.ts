@@ -4,10 +4,11 @@
  * waiter could find a SIGKILLed holder only by polling. The holder's
  * descriptor is open read-write, so its last close (the kernel's, when the
  * holder dies) is inotify's `IN_CLOSE_WRITE`, and it comes microseconds
- * before the flock goes. A waiter's watch also asks for the file's unlink
- * and a rename over it (`IN_ATTRIB`: its link count changed) and its
- * renames (`IN_MOVE_SELF`): every end of a holder's file, so that the
- * waiter needs no `fs.watch` of it.
+ * before the flock goes. Every watch also asks the kernel for the file's
+ * unlink and a rename over it (`IN_ATTRIB`: its link count changed) and
+ * its renames (`IN_MOVE_SELF`), for waiters: every end of a holder's file,
+ * so that a waiter needs no `fs.watch` of it. A listener that asked for
+ * the close alone (a `watch()` session) is not called for them.
  *
  * One inotify descriptor per process (`inotify_init1`, non-blocking,
  * close-on-exec), one watch per file (inotify gives one watch descriptor

@@ -203,7 +203,8 @@ export interface Platform {
    * `path` is closed, including by the kernel when its holder dies, until
    * the returned function is called. Never keeps the process alive.
    * With `ends`, also when the file is unlinked, renamed, or replaced by a
-   * rename over it (and when its mode or times change): the events that
+   * rename over it (and when it gains a hard link, or its mode, owner or
+   * times change: inotify's `IN_ATTRIB` covers all of these): the events that
    * end a holder's file, so that a waiter needs no other watch of it.
    * Returns `undefined` where the runtime cannot (or need not: Deno's
    * {@linkcode Platform.watchDir} of the file reports the close itself);
