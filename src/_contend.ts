@@ -177,14 +177,9 @@ export function contend(target: Target): Verdict {
     // process that read the file, ourselves included) holds the same open
     // file, and so the flock, until it calls exec. Look again, as for a
     // takeover, before calling it held.
-    const live = pid > 0 && !far ? liveness(pid) : "unknown";
     const sure = record.kind !== "garbage" &&
-      (pid === 0 || (!far && live !== "dead"));
-    // What a waiter's first look would see: spare it the open.
-    const key = record.kind === "runlock" && live === "alive"
-      ? `f${ours.dev}:${ours.ino}`
-      : undefined;
-    return { kind: "held", held: { pid, host, started, key }, sure };
+      (pid === 0 || (!far && liveness(pid) !== "dead"));
+    return { kind: "held", held: { pid, host, started }, sure };
   } catch (err) {
     // A failed fstat, flock, read or lstat of the file we found: a typed
     // error that names the file and the action (HeldError and the other

@@ -67,11 +67,6 @@ export interface HeldBy {
   pid: number;
   host: string;
   started: Date | undefined;
-  /**
-   * The identity of the file (`fileKey`'s form) when the attempt saw it
-   * held by a live runlock holder of this host, as a whole look would.
-   */
-  key?: string;
 }
 
 /** The three answers a probe gives, plus `invalid`. */

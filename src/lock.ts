@@ -676,18 +676,10 @@ function* acquireSteps(
           started: held.started,
         });
       }
-      // What the last whole probe saw held, for the quick looks: at first,
-      // what the attempt saw, where it saw what a whole look would (a live
-      // runlock holder of this host), so that the first look opens nothing
-      // (on Deno an open is an event for every other waiter's watch).
-      let seen: Pick<Probe, "pid"> | undefined;
+      // What the last whole probe saw held, for the quick looks.
+      let seen: Probe | undefined;
       let seenKey = "";
       let seenAt = 0;
-      if (!(held instanceof ContendedError) && held.key !== undefined) {
-        seen = held;
-        seenKey = held.key;
-        seenAt = performance.now();
-      }
       // The looks ramp up from 1 ms after an event (a holder's close comes
       // microseconds before its flock goes, so an attempt at once may still
       // find it held); otherwise, once a look has seen the holder, they go
@@ -732,9 +724,8 @@ function* acquireSteps(
           fileKey(target.pinned, target.name) !== seenKey ||
           liveness(seen.pid) !== "alive"
         ) {
-          const found = probe(target, target.pinned);
-          if (found.state !== "held") break;
-          seen = found;
+          seen = probe(target, target.pinned);
+          if (seen.state !== "held") break;
           seenAt = performance.now();
           // Whether an event will tell of this holder's end: a runlock
           // record of this host, whose holder has the file open for writing.
@@ -742,8 +733,7 @@ function* acquireSteps(
           // flock is not the record's writer (flock(1) on a crashed run's
           // file, a taker's read-only descriptor), and its close is no
           // IN_CLOSE_WRITE.
-          seenKey = found.marker && !found.far && !found.racing &&
-              found.pid > 0
+          seenKey = seen.marker && !seen.far && !seen.racing && seen.pid > 0
             ? fileKey(target.pinned, target.name)
             : "";
           if (seenKey === "") seen = undefined;
