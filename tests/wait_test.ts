@@ -106,6 +106,35 @@ describe("waiting", () => {
     }
   });
 
+  test("a waiter whose holder dies between its attempt and its watches, and stays a zombie (its PID still answers kill, its flock is gone), takes the lock at its first whole look, not at one 10 s later", async () => {
+    const { dir, cleanup } = tempDir();
+    const path = join(dir, "run.lock");
+    // SIGKILLs its child holder at the waiter's attempt's close of the file,
+    // before the waiter's watches are armed, and never reaps it.
+    const zombie = new Child("", [], undefined, [
+      "python3",
+      new URL("./fixtures/zombie_holder.py", import.meta.url).pathname,
+      path,
+    ]);
+    let waiter: Child | undefined;
+    try {
+      assert.match(String((await zombie.next()).text), /^held \d+$/);
+      // No event tells of this end, and a quick look (lstat, kill) sees the
+      // holder alive: only a whole look (1 ms after the watches are armed,
+      // then every 10 s) finds the flock gone. Not a speed bound: the first
+      // whole look or the next, 10 s apart.
+      waiter = new Child("bare_waiter.ts", [path, "30000"]);
+      assert.equal((await zombie.next()).text, "killed, state Z");
+      const got = await waiter.next();
+      assert.equal(got.event, "acquired", JSON.stringify(got));
+      assert.ok((got.ms as number) < 5000, `acquired after ${got.ms} ms`);
+    } finally {
+      await waiter?.kill();
+      await zombie.kill();
+      cleanup();
+    }
+  });
+
   test("timeout expiry rejects with HeldError naming the holder, and leaves no temp file", async () => {
     const { dir, cleanup } = tempDir();
     const path = join(dir, "run.lock");
