@@ -506,7 +506,9 @@ export class Session implements AsyncIterableIterator<Change[]> {
       if (this.#phase !== "open") return;
       const again = this.#eventsSince;
       this.#eventsSince = false;
-      const due = performance.now() - this.#lastScan >= BACKSTOP_MS;
+      // Due before the next pass would be late: at most BACKSTOP_MS apart.
+      const due = performance.now() - this.#lastScan +
+          (this.#periodic() ? this.#period() : 0) > BACKSTOP_MS;
       if (this.#poll || this.#safety || !this.#scanned || due) {
         this.#rescan();
         if (!again) this.#scanned = true;
