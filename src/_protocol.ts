@@ -173,11 +173,14 @@ export function mapError(
   const { code, syscall } = err;
   if (code === "NOTCAPABLE") {
     // The directory Deno wants a grant for: the real one, where the path
-    // goes through a symlink. Probes need read access only.
+    // goes through a symlink; resolving the symlink needs read access to
+    // it as well, so both are named (granting the real one alone would
+    // only move the refusal there). Probes need read access only.
     const where = err.grant?.replace(/^--allow-\w+=/, "") ?? dir;
+    const read = where === dir ? where : `${dir},${where}`;
     const grant = PROBE_ACTIONS.has(action)
-      ? `--allow-read=${where}`
-      : `--allow-read=${where} --allow-write=${where}`;
+      ? `--allow-read=${read}`
+      : `--allow-read=${read} --allow-write=${where}`;
     return new LockPermissionError(
       path,
       action,

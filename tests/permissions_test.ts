@@ -135,7 +135,7 @@ describe("Deno permissions", { skip: !isDeno }, () => {
     }
   });
 
-  test("through a symlinked directory, the hint names the real directory that needs the grant; a probe's hint asks only for read", () => {
+  test("through a symlinked directory, the hint names the real directory that needs the grant and keeps the symlink's read grant, and following it takes the lock; a probe's hint asks only for read", () => {
     const { dir, cleanup } = tempDir();
     try {
       const real = join(dir, "releases", "1");
@@ -149,6 +149,13 @@ describe("Deno permissions", { skip: !isDeno }, () => {
       ]);
       assert.equal(tried.name, "LockPermissionError", JSON.stringify(tried));
       assert.match(String(tried.message), new RegExp(`--allow-write=${real}`));
+      // Followed as written, in place of the flags given.
+      const hint = /run Deno with (.*) \(runlock never prompts\)/.exec(
+        String(tried.message),
+      );
+      assert.ok(hint, String(tried.message));
+      const followed = underTerminal(["try", path], hint[1].split(" "));
+      assert.equal(followed.event, "acquired", JSON.stringify(followed));
       const probed = underTerminal(
         ["probe", join(dir, "elsewhere", "x.lock")],
         [],
