@@ -113,6 +113,7 @@ export function contend(target: Target): Verdict {
     throw mapError(err, target.path, "cannot open the lock file");
   }
   if (handle === "ENOENT") return RETRY; // gone meanwhile
+  let kept: Handle | undefined;
   try {
     const ours = handle.stat();
     const since = heldHere.get(ours);
@@ -177,8 +178,20 @@ export function contend(target: Target): Verdict {
     // process that read the file, ourselves included) holds the same open
     // file, and so the flock, until it calls exec. Look again, as for a
     // takeover, before calling it held.
+    const live = pid > 0 && !far ? liveness(pid) : "unknown";
     const sure = record.kind !== "garbage" &&
-      (pid === 0 || (!far && liveness(pid) !== "dead"));
+      (pid === 0 || (!far && live !== "dead"));
+    // What a waiter's first look would see: spare it the open (its flock
+    // is asked of this descriptor, which the waiter closes).
+    if (record.kind === "runlock" && live === "alive") {
+      const key = `f${ours.dev}:${ours.ino}`;
+      kept = handle;
+      return {
+        kind: "held",
+        held: { pid, host, started, key, kept: handle },
+        sure,
+      };
+    }
     return { kind: "held", held: { pid, host, started }, sure };
   } catch (err) {
     // A failed fstat, flock, read or lstat of the file we found: a typed
@@ -186,6 +199,6 @@ export function contend(target: Target): Verdict {
     // typed errors pass through as they are).
     throw mapError(err, target.path, "cannot read the lock file");
   } finally {
-    handle.close();
+    if (kept !== handle) handle.close();
   }
 }

@@ -67,6 +67,17 @@ export interface HeldBy {
   pid: number;
   host: string;
   started: Date | undefined;
+  /**
+   * The identity of the file (`fileKey`'s form) when the attempt saw it
+   * held by a live runlock holder of this host, as a whole look would.
+   */
+  key?: string;
+  /**
+   * With `key`: the attempt's read-only descriptor of that file, open and
+   * unlocked, for the caller's first look (its flock), which the caller
+   * closes.
+   */
+  kept?: Handle;
 }
 
 /** The three answers a probe gives, plus `invalid`. */

@@ -636,6 +636,8 @@ function* acquireSteps(
   let done = false;
   // The last look loop ended on an event (see `Woken.ended`).
   let evented = false;
+  // The last attempt's descriptor of the file it saw held (see `HeldBy`).
+  let kept: Handle | undefined;
   try {
     const deadline = performance.now() + timeout;
     const remaining = () => deadline - performance.now();
@@ -670,16 +672,27 @@ function* acquireSteps(
           throw err;
         }
       }
+      kept?.close();
+      kept = held instanceof ContendedError ? undefined : held.kept;
       if (expired()) {
         if (held instanceof ContendedError) throw held;
         throw new HeldError(target.path, held.pid, held.host, {
           started: held.started,
         });
       }
-      // What the last whole probe saw held, for the quick looks.
-      let seen: Probe | undefined;
+      // What the last whole probe saw held, for the quick looks: at first,
+      // what the attempt saw, where it saw what a whole look would (a live
+      // runlock holder of this host), so that the first look opens nothing
+      // (on Deno an open is an event for every other waiter's watch): it
+      // asks the flock of the attempt's own descriptor instead.
+      let seen: Pick<Probe, "pid"> | undefined;
       let seenKey = "";
       let seenAt = 0;
+      if (kept !== undefined && !(held instanceof ContendedError)) {
+        seen = { pid: held.pid };
+        seenKey = held.key!;
+        seenAt = performance.now();
+      }
       // The looks ramp up from 1 ms after an event (a holder's close comes
       // microseconds before its flock goes, so an attempt at once may still
       // find it held); otherwise, once a look has seen the holder, they go
@@ -708,6 +721,22 @@ function* acquireSteps(
           evented = true;
           break;
         }
+        if (kept !== undefined) {
+          // The first look: a holder that ended before the watches were
+          // armed told no event, and its PID may still answer kill (a
+          // zombie, an exec): its flock says.
+          const k = kept;
+          kept = undefined;
+          let free = false;
+          try {
+            free = k.tryLock(false);
+          } catch {
+            seen = undefined; // a whole look, then
+          } finally {
+            k.close();
+          }
+          if (free) break;
+        }
         // A quick look (lstat and kill(pid, 0), no open) while nothing woke
         // us, the file is the one seen held (under its watch, if any) and
         // its runlock holder of this host lives: the watches tell of its
@@ -724,8 +753,9 @@ function* acquireSteps(
           fileKey(target.pinned, target.name) !== seenKey ||
           liveness(seen.pid) !== "alive"
         ) {
-          seen = probe(target, target.pinned);
-          if (seen.state !== "held") break;
+          const found = probe(target, target.pinned);
+          if (found.state !== "held") break;
+          seen = found;
           seenAt = performance.now();
           // Whether an event will tell of this holder's end: a runlock
           // record of this host, whose holder has the file open for writing.
@@ -733,7 +763,8 @@ function* acquireSteps(
           // flock is not the record's writer (flock(1) on a crashed run's
           // file, a taker's read-only descriptor), and its close is no
           // IN_CLOSE_WRITE.
-          seenKey = seen.marker && !seen.far && !seen.racing && seen.pid > 0
+          seenKey = found.marker && !found.far && !found.racing &&
+              found.pid > 0
             ? fileKey(target.pinned, target.name)
             : "";
           if (seenKey === "") seen = undefined;
@@ -753,6 +784,7 @@ function* acquireSteps(
       }
     }
   } finally {
+    kept?.close();
     if (!done) target.pinned.close();
   }
 }

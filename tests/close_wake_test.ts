@@ -373,6 +373,30 @@ describe("waiters wake on their holder's close", { skip: skip() }, () => {
     });
   }
 
+  test("a waiter whose attempt saw a live runlock holder of this host opens nothing to look: a 1.5 s wait opens the lock file twice, for its first attempt and its last (on Deno every open is an event for every other waiter's watch)", async () => {
+    const { dir, cleanup } = tempDir();
+    try {
+      const path = join(dir, "run.lock");
+      const trace = join(dir, "waiter.trace");
+      const holder = await pyHolder(path);
+      try {
+        const waiter = tracedWaiter(trace, [path, "1500", "1"]);
+        await waiter.expect("waiting");
+        await waiter.expect("held");
+        await waiter.expect("done");
+        assert.equal((await waiter.exited).code, 0, waiter.stderr.join(""));
+      } finally {
+        await holder.kill();
+      }
+      const opens = readFileSync(trace, "utf8").split("\n").filter((l) =>
+        opensName(l, "run.lock")
+      );
+      assert.equal(opens.length, 2, opens.join("\n"));
+    } finally {
+      cleanup();
+    }
+  });
+
   test("20 waiters of one process share one close watch (one inotify descriptor, one watch), and all get the lock in turn", async (t) => {
     if (runtime === "deno") {
       t.skip("Node and Bun: Deno makes no close watch");

@@ -106,7 +106,7 @@ describe("waiting", () => {
     }
   });
 
-  test("a waiter whose holder dies between its attempt and its watches, and stays a zombie (its PID still answers kill, its flock is gone), takes the lock at its first whole look, not at one 10 s later", async () => {
+  test("a waiter whose holder dies between its attempt and its watches, and stays a zombie (its PID still answers kill, its flock is gone), takes the lock at its first look, not at a whole look 10 s later", async () => {
     const { dir, cleanup } = tempDir();
     const path = join(dir, "run.lock");
     // SIGKILLs its child holder at the waiter's attempt's close of the file,
@@ -120,9 +120,9 @@ describe("waiting", () => {
     try {
       assert.match(String((await zombie.next()).text), /^held \d+$/);
       // No event tells of this end, and a quick look (lstat, kill) sees the
-      // holder alive: only a whole look (1 ms after the watches are armed,
-      // then every 10 s) finds the flock gone. Not a speed bound: the first
-      // whole look or the next, 10 s apart.
+      // holder alive: only a look at the flock (the first, 1 ms after the
+      // watches are armed; then a whole look every 10 s) finds it gone. Not
+      // a speed bound: the first look or the next whole one, 10 s later.
       waiter = new Child("bare_waiter.ts", [path, "30000"]);
       assert.equal((await zombie.next()).text, "killed, state Z");
       const got = await waiter.next();
