@@ -109,7 +109,7 @@ describe("waiting", () => {
   test("a waiter whose holder dies between its attempt and its watches, and stays a zombie (its PID still answers kill, its flock is gone), takes the lock at its first look, not at a whole look 10 s later", async () => {
     const { dir, cleanup } = tempDir();
     const path = join(dir, "run.lock");
-    // SIGKILLs its child holder at the waiter's attempt's close of the file,
+    // SIGKILLs its child holder when the waiter's attempt reads the file,
     // before the waiter's watches are armed, and never reaps it.
     const zombie = new Child("", [], undefined, [
       "python3",
