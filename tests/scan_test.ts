@@ -14,7 +14,7 @@ import { type AddressInfo, connect, createServer, type Socket } from "node:net";
 import { join } from "node:path";
 import { describe, test } from "node:test";
 import { acquire, RunlockError, scan } from "../mod.ts";
-import { deadPid, holder, tempDir } from "./_helpers.ts";
+import { Child, deadPid, tempDir } from "./_helpers.ts";
 
 /** Every file under `dir` with its inode, mtime and content. */
 function snapshot(dir: string): string {
@@ -43,8 +43,15 @@ const BIG = 12_000;
 describe("scan()", () => {
   test("lists every runlock lock (held and stale, any file name), sorted by path, and nothing else, without writing", async () => {
     const { dir, cleanup } = tempDir();
-    const live = await holder(join(dir, "b-live.lock"));
+    // A live holder that keeps no watch: a runlock process's own watch
+    // makes and removes a marker file beside its lock once it starts, which
+    // a busy machine can leave between the two snapshots.
+    const live = new Child("", [join(dir, "b-live.lock")], undefined, [
+      "python3",
+      new URL("./fixtures/record_holder.py", import.meta.url).pathname,
+    ]);
     try {
+      assert.equal((await live.next()).text, "held");
       const dead = deadPid();
       writeFileSync(join(dir, "a-crashed"), `${dead}\nrunlock 1\nhost=x\n`);
       writeFileSync(join(dir, "plain.pid"), `${dead}\n`); // a plain pidfile
