@@ -162,6 +162,21 @@ const PROBE_ACTIONS = new Set([
 ]);
 
 /**
+ * What Deno's refusal `err` (NOTCAPABLE) of an operation on `dir` asks to
+ * grant: `real`, the directory it wants (the real one, where `dir` goes
+ * through a symlink), and `read`, the paths `--allow-read` must name.
+ * Resolving the symlink needs read access to it as well, so both are named
+ * (granting the real one alone would only move the refusal there).
+ */
+export function grants(
+  err: SysError,
+  dir: string,
+): { read: string; real: string } {
+  const real = err.grant?.replace(/^--allow-\w+=/, "") ?? dir;
+  return { read: real === dir ? dir : `${dir},${real}`, real };
+}
+
+/**
  * Maps a failed system call to one of runlock's typed errors. `where`: the
  * directory the call needed, when it is not the path's own (a missing
  * parent's first existing ancestor, for mkdir).
@@ -183,15 +198,11 @@ export function mapError(
     (slash < 0 ? "." : slash === 0 ? "/" : path.slice(0, slash));
   const { code, syscall } = err;
   if (code === "NOTCAPABLE") {
-    // The directory Deno wants a grant for: the real one, where the path
-    // goes through a symlink; resolving the symlink needs read access to
-    // it as well, so both are named (granting the real one alone would
-    // only move the refusal there). Probes need read access only.
-    const where = err.grant?.replace(/^--allow-\w+=/, "") ?? dir;
-    const read = where === dir ? where : `${dir},${where}`;
+    // Probes need read access only.
+    const { read, real } = grants(err, dir);
     const grant = PROBE_ACTIONS.has(action)
       ? `--allow-read=${read}`
-      : `--allow-read=${read} --allow-write=${where}`;
+      : `--allow-read=${read} --allow-write=${real}`;
     return new LockPermissionError(
       path,
       action,

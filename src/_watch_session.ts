@@ -7,7 +7,7 @@
  * @module
  */
 
-import { errnoOf, TEMP_NAME, within } from "./_protocol.ts";
+import { errnoOf, grants, TEMP_NAME, within } from "./_protocol.ts";
 import { RACING_SLEEPS } from "./_probe.ts";
 import { LockPermissionError, RunlockError } from "./errors.ts";
 import { platform as p } from "./platform/current.ts";
@@ -626,16 +626,12 @@ function topError(err: unknown, dir: string): Error {
   if (err instanceof RunlockError) return err;
   const code = errnoOf(err);
   if (code === "NOTCAPABLE") {
-    // The grant Deno wants: for the real directory too, where `dir` goes
-    // through a symlink (resolving `dir` needs its own).
-    const where = (err as SysError).grant?.replace(/^--allow-\w+=/, "");
-    const grant = where === undefined || where === dir
-      ? `--allow-read=${dir}`
-      : `--allow-read=${dir},${where}`;
     return new LockPermissionError(
       dir,
       "cannot watch the directory",
-      `run Deno with ${grant} (runlock never prompts)`,
+      `run Deno with --allow-read=${
+        grants(err as SysError, dir).read
+      } (runlock never prompts)`,
       { cause: err },
     );
   }
