@@ -575,7 +575,7 @@ const FILE_WATCH_SEES_CLOSE = p.runtime === "deno";
  * (a bare timer's costs 0.3-1.4 ms here): at one look a second, 50 waiters
  * burnt 0.75-1.2 CPU-s in 6 s, most of it in looks. The watches are checked
  * after they are armed (the file they are on is the one seen held), so the
- * first look after 1 ms goes straight to it; after an event the looks ramp
+ * first look, at once, goes straight to it; after an event the looks ramp
  * up from 1 ms again.
  */
 const WATCHED_MAX = 5000;
@@ -617,14 +617,15 @@ interface Woken {
  * The whole acquire: attempt loops, and between them, while the lock is
  * held and time remains, looks of the read-only probe (no temp files, no
  * writes) until the lock looks free. Yields sleeps, each at most up to the
- * deadline (so a timeout fires on time): a first look after 1 ms, then at
- * the cap, except after a sleep that an event cut short (`woken`), when
- * they grow again from 1 ms (a holder's close comes microseconds before
- * its flock goes). `onSleep` is called before each sleep to watch the file
- * that is there now: it answers the identity (`fileKey`) of the file it
- * watches, checked after the watches were armed, `""` when there is none,
- * or `undefined` when it does not watch. Closes the pinned directory unless
- * it returns.
+ * deadline (so a timeout fires on time): a first look after 1 ms (at once,
+ * on the attempt's own descriptor, where the attempt saw a live runlock
+ * holder of this host), then at the cap, except after a sleep that an
+ * event cut short (`woken`), when they grow again from 1 ms (a holder's
+ * close comes microseconds before its flock goes). `onSleep` is called
+ * before each sleep to watch the file that is there now: it answers the
+ * identity (`fileKey`) of the file it watches, checked after the watches
+ * were armed, `""` when there is none, or `undefined` when it does not
+ * watch. Closes the pinned directory unless it returns.
  */
 function* acquireSteps(
   target: Target,
@@ -699,6 +700,13 @@ function* acquireSteps(
       // straight to the cap.
       let ramp = evented;
       evented = false;
+      /** The longest sleep before the next look, after one that saw `seen`. */
+      const capOf = (armed: string | undefined) =>
+        seen === undefined
+          ? Math.min(UNWATCHED_MAX, sleeps.max)
+          : armed !== undefined && wake.watched
+          ? WATCHED_MAX
+          : sleeps.max;
       for (let interval = 1; !expired();) {
         wake.woken = false;
         wake.ended = false;
@@ -709,22 +717,14 @@ function* acquireSteps(
         // look again at once.
         const now = armed === "" ||
           (armed !== undefined && seen !== undefined && armed !== seenKey);
-        const left = remaining();
-        yield now ? 0 : Math.max(0, Math.min(interval, left));
-        due = !now && interval >= left && !wake.woken;
-        // The holder's file went or was closed by its holder: attempt at
-        // once. A look first would only find what the attempt finds (gone:
-        // it links; stale: it takes over; still held: it says so), and it
-        // costs the hand-off a cold probe (on Deno a missing file's lstat
-        // throws: 0.2-0.3 ms right after a wake-up).
-        if (wake.woken && wake.ended) {
-          evented = true;
-          break;
-        }
         if (kept !== undefined) {
-          // The first look: a holder that ended before the watches were
-          // armed told no event, and its PID may still answer kill (a
-          // zombie, an exec): its flock says.
+          // The first look, now that the watches are armed (any later end
+          // of the holder is an event): a holder that ended before they
+          // were told no event, and its PID may still answer kill (a
+          // zombie, an exec): its flock says. The attempt has just seen the
+          // file at the name and its holder's PID alive, so the flock is all
+          // this look asks, and the next comes at the cap: no sleep of 1 ms
+          // first (each wake-up costs a process 0.3 ms of CPU or more).
           const k = kept;
           kept = undefined;
           let free = false;
@@ -736,6 +736,29 @@ function* acquireSteps(
             k.close();
           }
           if (free) break;
+          if (!now && seen !== undefined && !ramp) interval = capOf(armed);
+        }
+        // While the watches tell of this holder's end, the looks only cover
+        // a missed event: one due less than half a sleep before the
+        // deadline is left to the attempt at the deadline, which sees all a
+        // look sees. One wake-up fewer (on Deno a timer of seconds is two
+        // or three wake-ups, its timer wheel's steps). Where no event tells
+        // (a look is what finds the holder's end), they keep their cap.
+        const left = remaining();
+        const sleep = now ? 0 : interval >= left ||
+            (capOf(armed) === WATCHED_MAX && left - interval < interval / 2)
+          ? Math.max(0, left)
+          : interval;
+        yield sleep;
+        due = !now && sleep >= left && !wake.woken;
+        // The holder's file went or was closed by its holder: attempt at
+        // once. A look first would only find what the attempt finds (gone:
+        // it links; stale: it takes over; still held: it says so), and it
+        // costs the hand-off a cold probe (on Deno a missing file's lstat
+        // throws: 0.2-0.3 ms right after a wake-up).
+        if (wake.woken && wake.ended) {
+          evented = true;
+          break;
         }
         // A quick look (lstat and kill(pid, 0), no open) while nothing woke
         // us, the file is the one seen held (under its watch, if any) and
@@ -769,12 +792,7 @@ function* acquireSteps(
             : "";
           if (seenKey === "") seen = undefined;
         }
-        const told = seen !== undefined;
-        const cap = !told
-          ? Math.min(UNWATCHED_MAX, sleeps.max)
-          : armed !== undefined && wake.watched
-          ? WATCHED_MAX
-          : sleeps.max;
+        const cap = capOf(armed);
         if (wake.woken || now) {
           interval = 1;
           ramp = true;

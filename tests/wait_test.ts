@@ -120,8 +120,8 @@ describe("waiting", () => {
     try {
       assert.match(String((await zombie.next()).text), /^held \d+$/);
       // No event tells of this end, and a quick look (lstat, kill) sees the
-      // holder alive: only a look at the flock (the first, 1 ms after the
-      // watches are armed; then a whole look every 10 s) finds it gone. Not
+      // holder alive: only a look at the flock (the first, once the watches
+      // are armed; then a whole look every 10 s) finds it gone. Not
       // a speed bound: the first look or the next whole one, 10 s later.
       waiter = new Child("bare_waiter.ts", [path, "30000"]);
       assert.equal((await zombie.next()).text, "killed, state Z");
@@ -168,9 +168,9 @@ describe("waiting", () => {
       );
       assert.ok(result instanceof HeldError, String(result));
       assert.equal(result.pid, first.pid);
-      // A sleep of 1 ms, then of the cap (5 s where the watches see the
-      // holder's close, 250 ms without on Node and Bun, 1 s on Deno), the
-      // last one cut at the deadline: a few.
+      // Sleeps of the cap (5 s where the watches see the holder's close,
+      // 250 ms without on Node and Bun, 1 s on Deno), the last one cut at
+      // the deadline: a few.
       // The poll of before slept 1, 2, 4, then 5 ms: some 300 sleeps.
       assert.ok(timers.length <= 30, `${timers.length} sleeps: ${timers}`);
       assert.ok(Math.max(...timers) >= 250, `${timers}`);
@@ -180,7 +180,7 @@ describe("waiting", () => {
     }
   });
 
-  test("a waiter whose watches see both a release and its holder's death (Node and Bun on Linux: the file's and the close watch; Deno: the file's own) looks once after 1 ms, then every 5 s: a 7 s wait makes at most 4 sleeps", async (t) => {
+  test("a waiter whose watches see both a release and its holder's death (Node and Bun on Linux: the close watch; Deno: the file's own) looks at once on its attempt's descriptor, then every 5 s, and leaves a look due less than 2.5 s before its deadline to the deadline's attempt: a 12 s wait sleeps 5 s, then 7 s", async (t) => {
     if (process.platform !== "linux") {
       t.skip("the holder's close is watched by inotify on Linux");
       return;
@@ -188,26 +188,37 @@ describe("waiting", () => {
     const { dir, cleanup } = tempDir();
     const path = join(dir, "run.lock");
     const first = await holder(path);
+    // The wait is aborted once its second sleep is set: what it sleeps is
+    // known then.
+    const abort = new AbortController();
+    const sleeps: number[] = [];
+    const real = globalThis.setTimeout;
+    globalThis.setTimeout = ((handler: () => void, ms?: number) => {
+      // (0 ms: not a sleep, the turn a closed watch waits for on Deno.)
+      if ((ms ?? 0) > 0 && sleeps.push(ms!) === 2) {
+        queueMicrotask(() => abort.abort()); // once the sleep has begun
+      }
+      return real(handler, ms);
+    }) as typeof setTimeout;
     try {
-      const { result, timers } = await countingTimers(() =>
-        acquire(path, { timeout: 7_000 }).then(
-          () => undefined,
-          (err: unknown) => err,
-        )
-      );
-      assert.ok(result instanceof HeldError, String(result));
-      // 1, 5000, then the rest: each look costs 0.3-1.3 ms of CPU, most of
-      // it the wake-up itself. Growing fourfold from 1 ms to 5 s made 9
-      // sleeps; to 1 s, the old cap, 12.
-      assert.ok(timers.length <= 4, `${timers.length} sleeps: ${timers}`);
-      assert.deepEqual(timers.slice(0, 2), [1, 5_000], `${timers}`);
+      const result = await acquire(path, {
+        timeout: 12_000,
+        signal: abort.signal,
+      }).then(() => undefined, (err: unknown) => err);
+      assert.equal((result as Error).name, "AbortError", String(result));
+      // Each look costs a wake-up, 0.3-1.3 ms of CPU: the look after 1 ms
+      // and the one at 10 s, 2 s before the deadline, made this wait 1,
+      // 5000, 5000, 2000. Growing fourfold from 1 ms to 5 s made 9 sleeps.
+      assert.equal(sleeps[0], 5_000, `${sleeps}`);
+      assert.ok(sleeps[1] > 6_900 && sleeps[1] <= 7_000, `${sleeps}`);
     } finally {
+      globalThis.setTimeout = real;
       await first.kill();
       cleanup();
     }
   });
 
-  test("a wait's sleep to its deadline ends it, though timers fire up to 1.6 ms before performance.now() says the time is up: 40 waits of 20 ms sleep at most twice each (the first look's, then to the deadline), never a third time for what is left", async () => {
+  test("a wait's sleep to its deadline ends it, though timers fire up to 1.6 ms before performance.now() says the time is up: 40 waits of 20 ms sleep at most once each (to the deadline: the first look, on the attempt's descriptor, needs no sleep), never again for what is left", async () => {
     const { dir, cleanup } = tempDir();
     const path = join(dir, "run.lock");
     const first = await holder(path);
@@ -222,10 +233,9 @@ describe("waiting", () => {
         assert.ok(result instanceof HeldError, String(result));
         // (0 ms: not a sleep, the turn a closed watch waits for on Deno.)
         const sleeps = timers.filter((ms) => ms > 0);
-        // At most 2 (the first look's, up to 1 ms, and the one to the
-        // deadline); fewer where load made the first attempt or look
-        // outlast the deadline.
-        assert.ok(sleeps.length <= 2, `wait ${i}: sleeps ${timers}`);
+        // At most 1, to the deadline (none where load made the attempt
+        // outlast it).
+        assert.ok(sleeps.length <= 1, `wait ${i}: sleeps ${timers}`);
       }
     } finally {
       await first.kill();
