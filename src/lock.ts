@@ -700,6 +700,22 @@ function* acquireSteps(
       // straight to the cap.
       let ramp = evented;
       evented = false;
+      /**
+       * The first look at a holder the attempt saw: the shared flock of the
+       * attempt's own descriptor, which it then closes. Whether it is free.
+       */
+      const lookKept = (): boolean => {
+        const k = kept!;
+        kept = undefined;
+        try {
+          return k.tryLock(false);
+        } catch {
+          seen = undefined; // a whole look, then
+          return false;
+        } finally {
+          k.close();
+        }
+      };
       /** The longest sleep before the next look, after one that saw `seen`. */
       const capOf = (armed: string | undefined) =>
         seen === undefined
@@ -717,7 +733,7 @@ function* acquireSteps(
         // look again at once.
         const now = armed === "" ||
           (armed !== undefined && seen !== undefined && armed !== seenKey);
-        if (kept !== undefined) {
+        if (kept !== undefined && armed !== undefined) {
           // The first look, now that the watches are armed (any later end
           // of the holder is an event): a holder that ended before they
           // were told no event, and its PID may still answer kill (a
@@ -725,17 +741,10 @@ function* acquireSteps(
           // file at the name and its holder's PID alive, so the flock is all
           // this look asks, and the next comes at the cap: no sleep of 1 ms
           // first (each wake-up costs a process 0.3 ms of CPU or more).
-          const k = kept;
-          kept = undefined;
-          let free = false;
-          try {
-            free = k.tryLock(false);
-          } catch {
-            seen = undefined; // a whole look, then
-          } finally {
-            k.close();
-          }
-          if (free) break;
+          // Where no watch is armed (a Deno watch refused until a turn
+          // later, or `acquireSync`), it comes after the first sleep, and
+          // the watch is asked for again before the next.
+          if (lookKept()) break;
           if (!now && seen !== undefined && !ramp) interval = capOf(armed);
         }
         // While the watches tell of this holder's end, the looks only cover
@@ -760,10 +769,13 @@ function* acquireSteps(
           evented = true;
           break;
         }
+        if (kept !== undefined && lookKept()) break;
         // A quick look (lstat and kill(pid, 0), no open) while nothing woke
-        // us, the file is the one seen held (under its watch, if any) and
-        // its runlock holder of this host lives: the watches tell of its
-        // release and its death, so the look only covers a missed event. A
+        // us, the file is the one seen held, under watches that tell of its
+        // release and its death, and its runlock holder of this host lives:
+        // the look only covers a missed event. Without such watches (none
+        // armed, or one that sees no death) a holder that died a zombie,
+        // or exec'd, still answers kill: only its flock tells. A
         // look that opens the file is an event for every other waiter's
         // watch on Deno (its inotify mask has IN_OPEN, which it drops only
         // after waking its watcher thread): 50 Deno waiters' looks were
@@ -772,6 +784,7 @@ function* acquireSteps(
         // event.
         if (
           seen === undefined || now || wake.woken ||
+          capOf(armed) !== WATCHED_MAX ||
           performance.now() - seenAt > WHOLE_LOOK_MS ||
           fileKey(target.pinned, target.name) !== seenKey ||
           liveness(seen.pid) !== "alive"
