@@ -2,14 +2,17 @@
 // (scripts/build_npm.ts), packs it, installs the tarball into a scratch
 // project, then runs the same test suite there on Node (20, 22, 24; ESM and
 // CommonJS entry points) and Bun, the cross-runtime tests, a `bun build
-// --compile` single binary, publint and arethetypeswrong.
+// --compile` single binary, publint and arethetypeswrong. With --with-deno
+// (`deno task test`), the suite under Deno too, as one of the steps of
+// phase 2 (its ALONE files in phase 3).
 //
 // Order, to stay within the time budget on 2 cores (the suites mostly wait
 // on child processes, so several fit side by side):
 // 1. build, pack, install, and the steps that block this process (the bun
 //    --compile builds, the binary's --db check), one after another;
 // 2. the suites side by side, up to RUNLOCK_NPM_JOBS (default 4) at once,
-//    the longest first: each Node version's ESM set, Bun's ESM set split in
+//    the longest first: each Node version's ESM set, the Deno suite (with
+//    --with-deno), Bun's ESM set split in
 //    two `bun test` processes (Bun runs a process's files one after
 //    another), the CommonJS sets, the README's Node example, the CLI tests
 //    against the compiled CLI, the cross-runtime tests, publint and attw.
@@ -19,15 +22,15 @@
 //    the PostgreSQL host-loss test (a race between the holder's signal and
 //    the server's release that a loaded machine could decide the wrong way)
 //    and the error injection test (strace, each run with a deadline;
-//    CPU-bound), one runtime after another.
+//    CPU-bound), one runtime after another (Deno's first, with
+//    --with-deno).
 //
 // The CommonJS entry points are the very same compiled code as the ESM
 // ones, bundled once more as CommonJS (import.meta.url defined from
 // __filename, koffi and pg loaded through createRequire and import()).
 // What the CommonJS sets check is that these entry points load and work:
-// the full suite runs through them once (on the first Node version), and
-// on the other Node versions and on Bun a subset that goes through each
-// part that differs (CJS_SUBSET: the core API and its record, the FFI
+// on every Node version and on Bun a subset that goes through each part
+// that differs (CJS_SUBSET: the core API and its record, the FFI
 // module and the *at() calls, the inotify close watcher and waiting,
 // require("runlock/cli"), require("runlock/postgres") sharing
 // require("runlock")'s error classes). RUNLOCK_CJS=all runs the full
@@ -363,25 +366,39 @@ const netnsNode = (process.env.RUNLOCK_PG_NETNS_NODE ?? versions.at(-1)!)
   .split(",");
 const netnsOn = (rt: string) =>
   rt === "bun" || netnsNode.includes("all") || netnsNode.includes(rt);
-// The tests of the backend on non-default server settings, stopped
-// processes, waiting and identity start clusters of their own and wait out
-// the timeouts they prove (15 to 20 s a file): they run on Bun and the same
-// one Node version (the backend's code and its client are the same on every
-// Node); RUNLOCK_PG_NETNS_NODE=all runs them everywhere too.
+// The PostgreSQL backend's own tests (beyond the contract test, which every
+// runtime and entry runs, and the client's) start clusters of their own and
+// wait out the timeouts they prove; the docs' Node forms run npm and npx in
+// a project. They run on Bun and the same one Node version: the backend's
+// code and its client are the same on every Node, and so are the docs (the
+// README's Node example runs on every version, below). On a machine of 2
+// cores, running them on each Node version was some 90 CPU-seconds of a CI
+// run's 1,400. RUNLOCK_PG_NETNS_NODE=all runs them everywhere too.
 const PG_ONE_NODE_TESTS = new Set([
+  "postgres_test.js",
+  "postgres_stress_test.js",
+  "cli_postgres_test.js",
   "postgres_settings_test.js",
   "postgres_stop_test.js",
   "postgres_wait_test.js",
   "postgres_identity_test.js",
   "postgres_chaos_test.js",
   "postgres_watch_test.js",
+  "readme_test.js",
 ]);
 // The tests that run after the suites, not beside them (see the header).
 // inject_test skips itself in the CommonJS copy (once per runtime).
 const ALONE = new Set(["postgres_netns_test.js", "inject_test.js"]);
-// The CommonJS subset on the Node versions but the first, and on Bun (see
-// the header): each part of the CommonJS bundles that differs from the ESM
-// ones (createRequire of koffi or bun:ffi from import.meta.url defined as
+const DENO_ALONE = ["tests/inject_test.ts", "tests/postgres_netns_test.ts"];
+// `deno task test` (--with-deno): the suite under Deno (with the JSDoc
+// examples, against one throwaway cluster: scripts/_pg_cluster.ts) is a
+// step of phase 2, beside the others, and its ALONE files are in phase 3.
+// Run alone before the npm steps, it left a third of the machine's two cores
+// idle for four minutes.
+const withDeno = Deno.args.includes("--with-deno");
+// The CommonJS subset, on every Node version and on Bun (see the header):
+// each part of the CommonJS bundles that differs from the ESM ones
+// (createRequire of koffi or bun:ffi from import.meta.url defined as
 // __filename's URL, import("pg") from CommonJS, the cli and postgres
 // entries) is gone through by at least one of these.
 const CJS_SUBSET = new Set([
@@ -407,10 +424,7 @@ const testFiles = (dir: string, rt: string, alone = false) =>
       !(dir.endsWith("cjs") && !pgCjsAll && f.startsWith("postgres") &&
         !PG_CJS_TESTS.has(f))
     )
-    .filter((f) =>
-      !(dir.endsWith("cjs") && !cjsAll && rt !== versions[0] &&
-        !CJS_SUBSET.has(f))
-    )
+    .filter((f) => !(dir.endsWith("cjs") && !cjsAll && !CJS_SUBSET.has(f)))
     .filter((f) =>
       (f !== "postgres_netns_test.js" && !PG_ONE_NODE_TESTS.has(f)) ||
       netnsOn(rt)
@@ -577,6 +591,27 @@ for (const version of versions) {
       ),
   ));
 }
+if (withDeno) {
+  jobs.push(bufferedStep(
+    `deno ${Deno.version.deno} (the suite and its JSDoc examples)`,
+    (log) =>
+      runBuffered(log, Deno.execPath(), [
+        "run",
+        "--allow-all",
+        "scripts/_pg_cluster.ts",
+        "--",
+        Deno.execPath(),
+        "test",
+        "--allow-all",
+        "--doc",
+        "--parallel",
+        `--ignore=${DENO_ALONE.join(",")}`,
+        "mod.ts",
+        "src/",
+        "tests/",
+      ], { cwd: root }),
+  ));
+}
 if (!process.env.RUNLOCK_SKIP_BUN) {
   halves(testFiles("tests-esm", "bun")).forEach((files, i) =>
     jobs.push(bufferedStep(
@@ -587,9 +622,7 @@ if (!process.env.RUNLOCK_SKIP_BUN) {
 }
 for (const version of versions) {
   jobs.push(bufferedStep(
-    `node ${version} (cjs${
-      cjsAll || version === versions[0] ? "" : ", subset"
-    })`,
+    `node ${version} (cjs${cjsAll ? "" : ", subset"})`,
     (log) =>
       runBuffered(
         log,
@@ -714,6 +747,15 @@ await pool(jobs, limit > 0 ? limit : 1);
 // other (one file at a time), their output as it comes. inject_test skips
 // itself in the CommonJS copy; the host-loss test is there only with
 // RUNLOCK_PG_CJS=all.
+if (withDeno) {
+  await step(
+    `deno ${Deno.version.deno}, one file at a time: ${DENO_ALONE.join(", ")}`,
+    () =>
+      run(Deno.execPath(), ["test", "--allow-all", ...DENO_ALONE], {
+        cwd: root,
+      }),
+  );
+}
 const aloneFiles = (rt: string) =>
   ["esm", "cjs"].flatMap((entry) =>
     testFiles(`tests-${entry}`, rt, true)
