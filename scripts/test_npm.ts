@@ -2,17 +2,14 @@
 // (scripts/build_npm.ts), packs it, installs the tarball into a scratch
 // project, then runs the same test suite there on Node (20, 22, 24; ESM and
 // CommonJS entry points) and Bun, the cross-runtime tests, a `bun build
-// --compile` single binary, publint and arethetypeswrong. With --with-deno
-// (`deno task test`), the suite under Deno too, as one of the steps of
-// phase 2 (its ALONE files in phase 3).
+// --compile` single binary, publint and arethetypeswrong.
 //
 // Order, to stay within the time budget on 2 cores (the suites mostly wait
 // on child processes, so several fit side by side):
 // 1. build, pack, install, and the steps that block this process (the bun
 //    --compile builds, the binary's --db check), one after another;
 // 2. the suites side by side, up to RUNLOCK_NPM_JOBS (default 4) at once,
-//    the longest first: each Node version's ESM set, the Deno suite (with
-//    --with-deno), Bun's ESM set split in
+//    the longest first: each Node version's ESM set, Bun's ESM set split in
 //    two `bun test` processes (Bun runs a process's files one after
 //    another), the CommonJS sets, the README's Node example, the CLI tests
 //    against the compiled CLI, the cross-runtime tests, publint and attw.
@@ -22,8 +19,7 @@
 //    the PostgreSQL host-loss test (a race between the holder's signal and
 //    the server's release that a loaded machine could decide the wrong way)
 //    and the error injection test (strace, each run with a deadline;
-//    CPU-bound), one runtime after another (Deno's first, with
-//    --with-deno).
+//    CPU-bound), one runtime after another.
 //
 // The CommonJS entry points are the very same compiled code as the ESM
 // ones, bundled once more as CommonJS (import.meta.url defined from
@@ -389,13 +385,6 @@ const PG_ONE_NODE_TESTS = new Set([
 // The tests that run after the suites, not beside them (see the header).
 // inject_test skips itself in the CommonJS copy (once per runtime).
 const ALONE = new Set(["postgres_netns_test.js", "inject_test.js"]);
-const DENO_ALONE = ["tests/inject_test.ts", "tests/postgres_netns_test.ts"];
-// `deno task test` (--with-deno): the suite under Deno (with the JSDoc
-// examples, against one throwaway cluster: scripts/_pg_cluster.ts) is a
-// step of phase 2, beside the others, and its ALONE files are in phase 3.
-// Run alone before the npm steps, it left a third of the machine's two cores
-// idle for four minutes.
-const withDeno = Deno.args.includes("--with-deno");
 // The CommonJS subset, on every Node version and on Bun (see the header):
 // each part of the CommonJS bundles that differs from the ESM ones
 // (createRequire of koffi or bun:ffi from import.meta.url defined as
@@ -591,27 +580,6 @@ for (const version of versions) {
       ),
   ));
 }
-if (withDeno) {
-  jobs.push(bufferedStep(
-    `deno ${Deno.version.deno} (the suite and its JSDoc examples)`,
-    (log) =>
-      runBuffered(log, Deno.execPath(), [
-        "run",
-        "--allow-all",
-        "scripts/_pg_cluster.ts",
-        "--",
-        Deno.execPath(),
-        "test",
-        "--allow-all",
-        "--doc",
-        "--parallel",
-        `--ignore=${DENO_ALONE.join(",")}`,
-        "mod.ts",
-        "src/",
-        "tests/",
-      ], { cwd: root }),
-  ));
-}
 if (!process.env.RUNLOCK_SKIP_BUN) {
   halves(testFiles("tests-esm", "bun")).forEach((files, i) =>
     jobs.push(bufferedStep(
@@ -747,15 +715,6 @@ await pool(jobs, limit > 0 ? limit : 1);
 // other (one file at a time), their output as it comes. inject_test skips
 // itself in the CommonJS copy; the host-loss test is there only with
 // RUNLOCK_PG_CJS=all.
-if (withDeno) {
-  await step(
-    `deno ${Deno.version.deno}, one file at a time: ${DENO_ALONE.join(", ")}`,
-    () =>
-      run(Deno.execPath(), ["test", "--allow-all", ...DENO_ALONE], {
-        cwd: root,
-      }),
-  );
-}
 const aloneFiles = (rt: string) =>
   ["esm", "cjs"].flatMap((entry) =>
     testFiles(`tests-${entry}`, rt, true)
