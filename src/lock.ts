@@ -769,6 +769,8 @@ function* acquireSteps(
           evented = true;
           break;
         }
+        // The deadline: its attempt sees what a look would.
+        if (due) break;
         if (kept !== undefined && lookKept()) break;
         // A quick look (lstat and kill(pid, 0), no open) while nothing woke
         // us, the file is the one seen held, under watches that tell of its
