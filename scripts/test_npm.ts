@@ -425,11 +425,41 @@ const systemMajor = spawnSync("node", [
 ], {
   encoding: "utf8",
 }).stdout.trim();
+const nodeBins = new Map<string, string>();
+/**
+ * The command that runs Node `version`: the machine's `node`, or the binary
+ * of the npm registry's `node@<version>` (fetched by npx once, then run by
+ * its path: an npx in front of each run would reach the registry each
+ * time, and needs the environment's CA certificates to).
+ */
 function nodeCommand(version: string): [string, string[]] {
-  return version === systemMajor
-    ? ["node", []]
-    : ["npx", ["--yes", `node@${version}`]];
+  if (version === systemMajor) return ["node", []];
+  let bin = nodeBins.get(version);
+  if (bin === undefined) {
+    const r = spawnSync(
+      "npx",
+      ["--yes", `node@${version}`, "-p", "process.execPath"],
+      { encoding: "utf8" },
+    );
+    bin = r.stdout?.trim().split("\n").at(-1) ?? "";
+    if (r.status !== 0 || !bin.startsWith("/")) {
+      throw new Error(`npx --yes node@${version}: ${r.status} ${r.stderr}`);
+    }
+    nodeBins.set(version, bin);
+  }
+  return [bin, []];
 }
+/**
+ * The environment of the suites: this process's without
+ * NODE_EXTRA_CA_CERTS. The suites make no TLS connection, and Node reads
+ * that file at every start: where the machine sets it (this one sets it to
+ * its system bundle, some 140 certificates), each of the thousands of Node
+ * processes the suites start parsed it first, 40-50 ms of CPU (cli_test
+ * and litter_test on Node 20: 44.5 CPU-s with it, 34.1 without). What
+ * reaches the registry (npx, npm) keeps it.
+ */
+const suiteEnv: NodeJS.ProcessEnv = { ...process.env };
+delete suiteEnv.NODE_EXTRA_CA_CERTS;
 const nodeArgs = (version: string, files: string[], concurrency = 2) => [
   ...nodeCommand(version)[1],
   "--test",
@@ -567,6 +597,9 @@ if (!process.env.RUNLOCK_SKIP_BUN) {
 }
 
 // Phase 2: the suites side by side, the longest first.
+for (const version of versions) {
+  await step(`node ${version}: ${nodeCommand(version)[0]}`, () => {}, true);
+}
 const jobs: (() => Promise<void>)[] = [];
 for (const version of versions) {
   jobs.push(bufferedStep(
@@ -576,7 +609,7 @@ for (const version of versions) {
         log,
         nodeCommand(version)[0],
         nodeArgs(version, testFiles("tests-esm", version)),
-        { cwd: scratch },
+        { cwd: scratch, env: suiteEnv },
       ),
   ));
 }
@@ -584,7 +617,8 @@ if (!process.env.RUNLOCK_SKIP_BUN) {
   halves(testFiles("tests-esm", "bun")).forEach((files, i) =>
     jobs.push(bufferedStep(
       `bun ${BUN} (esm, part ${i + 1} of 2)`,
-      (log) => runBuffered(log, bun, bunArgs(files), { cwd: scratch }),
+      (log) =>
+        runBuffered(log, bun, bunArgs(files), { cwd: scratch, env: suiteEnv }),
     ))
   );
 }
@@ -596,7 +630,7 @@ for (const version of versions) {
         log,
         nodeCommand(version)[0],
         nodeArgs(version, testFiles("tests-cjs", version)),
-        { cwd: scratch },
+        { cwd: scratch, env: suiteEnv },
       ),
   ));
 }
@@ -617,7 +651,7 @@ if (!process.env.RUNLOCK_SKIP_BUN) {
           .filter((f) => existsSync(f)),
       ], {
         cwd: root,
-        env: { ...process.env, RUNLOCK_CLI: cliBinary },
+        env: { ...suiteEnv, RUNLOCK_CLI: cliBinary },
       }),
   ));
   jobs.push(bufferedStep(
@@ -631,7 +665,7 @@ if (!process.env.RUNLOCK_SKIP_BUN) {
       ], {
         cwd: root,
         env: {
-          ...process.env,
+          ...suiteEnv,
           RUNLOCK_INTEROP_SCRATCH: scratch,
           RUNLOCK_INTEROP_BINARY: binary,
           RUNLOCK_INTEROP_CLI: cliBinary,
@@ -643,6 +677,7 @@ if (!process.env.RUNLOCK_SKIP_BUN) {
     (log) =>
       runBuffered(log, bun, bunArgs(testFiles("tests-cjs", "bun")), {
         cwd: scratch,
+        env: suiteEnv,
       }),
   ));
 }
@@ -660,7 +695,10 @@ jobs.push(bufferedStep(
       const [cmd, prefix] = nodeCommand(version);
       log.push(`$ ${cmd} ${[...prefix, "main.mjs"].join(" ")}\n`);
       const lock = join(scratch, ".state", "run.lock");
-      const free = await exec(cmd, [...prefix, "main.mjs"], { cwd: scratch });
+      const free = await exec(cmd, [...prefix, "main.mjs"], {
+        cwd: scratch,
+        env: suiteEnv,
+      });
       if (free.status !== 0 || existsSync(lock)) {
         throw new Error(
           `Node ${version}: main.mjs on a free lock: ${free.status} ${free.stderr}`,
@@ -674,7 +712,7 @@ jobs.push(bufferedStep(
         "sh",
         cmd,
         ...prefix,
-      ], { cwd: scratch });
+      ], { cwd: scratch, env: suiteEnv });
       log.push(holder.text);
       const m = holder.stdout.match(/exit=(\d+) pid=(\d+)/);
       if (
@@ -728,6 +766,7 @@ for (const version of versions) {
     () =>
       run(nodeCommand(version)[0], nodeArgs(version, files, 1), {
         cwd: scratch,
+        env: suiteEnv,
       }),
   );
 }
@@ -735,7 +774,7 @@ if (!process.env.RUNLOCK_SKIP_BUN) {
   const files = aloneFiles("bun");
   await step(
     `bun ${BUN}, one file at a time: ${files.join(", ")}`,
-    () => run(bun, bunArgs(files), { cwd: scratch }),
+    () => run(bun, bunArgs(files), { cwd: scratch, env: suiteEnv }),
   );
 }
 rmSync(binDir, { recursive: true, force: true });
