@@ -162,6 +162,16 @@ if (built.note) note(built.note);
 const pkg = built.dir;
 log("installing the pinned incumbents (cached between runs)");
 const deps = installDeps(WITH_BUN);
+// Nothing after the install reaches the network, and Node reads the file
+// NODE_EXTRA_CA_CERTS names at every start: set to a system bundle (some
+// 140 certificates) it costs each Node process 40 to 50 ms of CPU before
+// its first line, which a start-up figure would count as Node's own.
+if (process.env.NODE_EXTRA_CA_CERTS !== undefined) {
+  delete process.env.NODE_EXTRA_CA_CERTS;
+  note(
+    "NODE_EXTRA_CA_CERTS is unset for every process the benchmark starts after its npm install: Node reads that file at each start (40 to 50 ms of CPU for a system bundle), and nothing measured here makes a TLS connection",
+  );
+}
 const runDir = join(scratch, "run");
 mkdirSync(runDir);
 const pkgDir = stagePackage(pkg, deps, runDir);
