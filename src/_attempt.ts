@@ -16,11 +16,9 @@ import {
   type LockPath,
   mapError,
   MAX_ATTEMPTS,
-  recordBytes,
-  type RecordTemplate,
   type Target,
-  tempName,
 } from "./_protocol.ts";
+import { recordBytes, type RecordTemplate, tempName } from "./_record_here.ts";
 import { contend } from "./_contend.ts";
 import { sweepAfter } from "./_sweep.ts";
 

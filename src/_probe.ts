@@ -12,8 +12,6 @@ import {
   elsewhere,
   errnoOf,
   foreignAlive,
-  headHasMarker,
-  headPid,
   invalidOpen,
   liveness,
   type LockPath,
@@ -21,6 +19,7 @@ import {
   type Probe,
   unreadable,
 } from "./_protocol.ts";
+import { headHasMarker, headPid } from "./_record_here.ts";
 
 /**
  * The read-only probe: never takes LOCK_EX, never writes, needs only read

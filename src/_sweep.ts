@@ -16,7 +16,8 @@
 import { platform as p } from "./platform/current.ts";
 import type { Dir, Handle } from "./platform/types.ts";
 import { MAX_RECORD_BYTES, parseRecord } from "./record.ts";
-import { sameFile, type Target, TEMP, tempStem } from "./_protocol.ts";
+import { sameFile, type Target } from "./_protocol.ts";
+import { TEMP, tempStem } from "./_record_here.ts";
 
 /**
  * A directory whose `st_size` is at most this is listed on the acquire:

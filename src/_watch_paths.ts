@@ -7,8 +7,8 @@
  * @module
  */
 
-import { tempStem } from "./_protocol.ts";
 import type { Probe } from "./_protocol.ts";
+import { tempStem } from "./_record_here.ts";
 import { RACING_SLEEPS } from "./_probe.ts";
 import { platform as p } from "./platform/current.ts";
 import type { Handle } from "./platform/types.ts";

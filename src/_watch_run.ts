@@ -6,7 +6,8 @@
  * @module
  */
 
-import { errnoOf, lockPath, type Probe, TEMP_NAME } from "./_protocol.ts";
+import { errnoOf, lockPath, type Probe } from "./_protocol.ts";
+import { TEMP_NAME } from "./_record_here.ts";
 import { probe } from "./_probe.ts";
 import { platform as p } from "./platform/current.ts";
 import type { FileInfo, Handle } from "./platform/types.ts";

@@ -7,7 +7,8 @@
  * @module
  */
 
-import { errnoOf, grants, TEMP_NAME, within } from "./_protocol.ts";
+import { errnoOf, grants, within } from "./_protocol.ts";
+import { TEMP_NAME } from "./_record_here.ts";
 import { RACING_SLEEPS } from "./_probe.ts";
 import { LockPermissionError, RunlockError } from "./errors.ts";
 import { platform as p } from "./platform/current.ts";

@@ -11,17 +11,19 @@ import {
   errnoOf,
   type HeldBy,
   heldHere,
-  identityHere,
   liveness,
   lockPath,
   mapError,
   type Probe,
-  type RecordTemplate,
-  recordTemplate,
   type Target,
-  tempName,
   within,
 } from "./_protocol.ts";
+import {
+  identityHere,
+  type RecordTemplate,
+  recordTemplate,
+  tempName,
+} from "./_record_here.ts";
 import { attemptLoop, pin, runSync } from "./_attempt.ts";
 import { probe } from "./_probe.ts";
 import { every, type Tick } from "./_timer.ts";

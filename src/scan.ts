@@ -5,13 +5,8 @@
  * @module
  */
 
-import {
-  errnoOf,
-  lockPath,
-  type Probe,
-  TEMP_NAME,
-  within,
-} from "./_protocol.ts";
+import { errnoOf, lockPath, type Probe, within } from "./_protocol.ts";
+import { TEMP_NAME } from "./_record_here.ts";
 import { probe, RACING_SLEEPS } from "./_probe.ts";
 import { LockPermissionError, RunlockError } from "./errors.ts";
 import { platform as p } from "./platform/current.ts";

@@ -1,0 +1,200 @@
+/**
+ * What this process writes: the record, encoded once per distinct `meta`
+ * with the start time written in place at each acquire (see "The record"
+ * in PROTOCOL.md), and the names of its temp files (a lock in the making, a
+ * watch's marker), which the litter sweep, `scan()` and `watch()` tell from
+ * locks (see "Litter"); and the byte-level reads of a record's first lines
+ * (its PID, its marker) that the probe makes without decoding.
+ *
+ * @module
+ */
+
+import { platform as p } from "./platform/current.ts";
+import { formatRecord, MARKER_WORD, MAX_PID, recordHead } from "./record.ts";
+
+const encoder = new TextEncoder();
+const MARKER_BYTES = encoder.encode(MARKER_WORD);
+
+/**
+ * The PID on line 1 of `head` (up to its first newline, or all of it), by
+ * the protocol's rule: decimal, no sign, no leading zero, 1 to 2147483647;
+ * 0 for anything else, a trailing CR or a leading BOM included (which
+ * `parseRecord` drops). Reads the bytes, without decoding them.
+ */
+export function headPid(head: Uint8Array): number {
+  let end = head.indexOf(10);
+  if (end < 0) end = head.length;
+  if (end === 0 || end > 10 || head[0] < 0x31 || head[0] > 0x39) return 0;
+  let pid = 0;
+  for (let i = 0; i < end; i++) {
+    const digit = head[i] - 0x30;
+    if (digit < 0 || digit > 9) return 0;
+    pid = pid * 10 + digit;
+  }
+  return pid <= MAX_PID ? pid : 0;
+}
+
+/**
+ * Whether the first bytes of a file hold the runlock marker on line 2:
+ * `runlock <version>` (1 to 9 digits, no leading zero), maybe a `\r`, then
+ * the line's newline. Reads the bytes, without decoding them.
+ */
+export function headHasMarker(head: Uint8Array): boolean {
+  const first = head.indexOf(10);
+  if (first < 0) return false;
+  let i = first + 1;
+  for (let k = 0; k < MARKER_BYTES.length; k++) {
+    if (head[i++] !== MARKER_BYTES[k]) return false;
+  }
+  const start = i;
+  if (head[i] < 0x31 || head[i] > 0x39) return false;
+  while (i < head.length && head[i] >= 0x30 && head[i] <= 0x39) i++;
+  if (i - start > 9) return false;
+  if (head[i] === 13) i++;
+  return head[i] === 10;
+}
+
+// The record's first lines are the same for every lock of this process,
+// and so are the identity lines that follow runtime=.
+let head: string | undefined;
+export function recordHeadHere(): string {
+  return head ??= recordHead(p.pid, p.hostname());
+}
+let identityLines: string | undefined;
+/** `boot=` and `pidns=` lines for this process, where they can be read. */
+export function identityHere(): string {
+  if (identityLines === undefined) {
+    const { boot, pidns } = p.identity();
+    identityLines = (boot ? `boot=${boot}\n` : "") +
+      (pidns ? `pidns=${pidns}\n` : "");
+  }
+  return identityLines;
+}
+
+/**
+ * The record this process writes with `extra`, encoded once: only the
+ * start time differs from one lock to the next, and it has a fixed width
+ * (`toISOString()` of years 0 to 9999: 24 ASCII bytes), so each acquire
+ * writes its time into the bytes in place instead of formatting and
+ * encoding the whole record again.
+ */
+export interface RecordTemplate {
+  /** The record, with the start time of the last {@linkcode recordBytes}. */
+  readonly bytes: Uint8Array;
+  /** Where the 24 bytes of the start time begin. */
+  readonly at: number;
+  /** The `extra` it was made for. */
+  readonly extra: string;
+}
+
+const ISO_LENGTH = 24; // 2026-11-30T09:52:11.000Z
+
+/** Templates by their variable part: encoded once per distinct meta. */
+const templates = new Map<string, RecordTemplate>();
+
+/** The record template for `extra` (see {@linkcode RecordTemplate}). */
+export function recordTemplate(extra: string): RecordTemplate {
+  let template = templates.get(extra);
+  if (template === undefined) {
+    const text = formatRecord(recordHeadHere(), new Date(0), p.runtime, extra);
+    const at = encoder.encode(
+      text.slice(0, text.indexOf("\nstarted=") + "\nstarted=".length),
+    ).length;
+    template = { bytes: encoder.encode(text), at, extra };
+    if (templates.size >= 256) templates.clear(); // a bound, not a working set
+    templates.set(extra, template);
+  }
+  return template;
+}
+
+// The start time's first 20 bytes (up to the seconds and the dot) change
+// once a second: kept, with the second they are for.
+let isoSecond = NaN;
+const isoHead = new Uint8Array(ISO_LENGTH - 4);
+
+/**
+ * The whole record with `started` in it: the template's bytes, valid until
+ * the next call (the caller writes them at once). Years outside 0 to 9999
+ * (a wider `toISOString()`) are formatted in full.
+ */
+export function recordBytes(
+  template: RecordTemplate,
+  started: Date,
+): Uint8Array {
+  const ms = started.getTime();
+  const second = Math.floor(ms / 1000);
+  if (second !== isoSecond) {
+    const iso = started.toISOString();
+    if (iso.length !== ISO_LENGTH) {
+      return encoder.encode(
+        formatRecord(recordHeadHere(), started, p.runtime, template.extra),
+      );
+    }
+    for (let i = 0; i < isoHead.length; i++) isoHead[i] = iso.charCodeAt(i);
+    isoSecond = second;
+  }
+  const bytes = template.bytes;
+  const at = template.at;
+  bytes.set(isoHead, at);
+  const milli = ms - second * 1000;
+  bytes[at + 20] = 0x30 + Math.floor(milli / 100);
+  bytes[at + 21] = 0x30 + Math.floor(milli / 10) % 10;
+  bytes[at + 22] = 0x30 + milli % 10;
+  return bytes;
+}
+
+// Temp names: a random 32-bit prefix per process and a counter, so that a
+// name costs no system call and no random draw on the hot path, and other
+// processes still cannot predict it. O_EXCL settles any collision. Drawn on
+// the first name, not at import: Node loads its Web Crypto code for it.
+let processTag = "";
+let tempCounter = 0;
+
+/**
+ * A name {@linkcode tempName} makes (`.<stem>.<16 hex digits>.tmp`): a temp
+ * file holds a runlock record too, but it is litter, a lock in the making
+ * or a watch's marker, never a lock.
+ */
+export const TEMP_NAME = /^\..*\.[0-9a-f]{16}\.tmp$/;
+
+/** A fresh temp name for a lock named `name`: `.<stem>.<16 hex>.tmp`. */
+export function tempName(name: string): string {
+  if (processTag === "") {
+    processTag = Array.from(
+      crypto.getRandomValues(new Uint8Array(4)),
+      (b) => b.toString(16).padStart(2, "0"),
+    ).join("");
+  }
+  tempCounter = (tempCounter + 1) >>> 0;
+  return `.${tempStem(name)}.${processTag}${
+    tempCounter.toString(16).padStart(8, "0")
+  }.tmp`;
+}
+
+// The longest file name (NAME_MAX) on the filesystems runlock supports.
+const NAME_MAX = 255;
+// "." + name + "." + 16 hex digits + ".tmp"
+const TEMP_EXTRA = 22;
+
+/**
+ * The part of a temp file's name that comes from the lock's name: the name,
+ * cut (at a character boundary) so that the temp name still fits in
+ * NAME_MAX bytes. Every lock name the filesystem accepts can then be
+ * locked.
+ */
+export function tempStem(name: string): string {
+  const room = NAME_MAX - TEMP_EXTRA;
+  if (name.length * 3 <= room) return name; // fast path: fits whatever it is
+  let bytes = 0;
+  let end = 0;
+  for (const ch of name) {
+    const size = encoder.encode(ch).length;
+    if (bytes + size > room) break;
+    bytes += size;
+    end += ch.length;
+  }
+  return name.slice(0, end);
+}
+
+/** The random part of a temp name. */
+export const TEMP = /^[0-9a-f]{16}$/;
