@@ -59,14 +59,23 @@ function sh(line: string, cwd: string, env = readerEnv) {
 }
 
 /** A line started in the background, with its output collected. */
-function background(line: string, cwd: string, env = readerEnv) {
+function background(
+  line: string,
+  cwd: string,
+  env = readerEnv,
+  { group = false } = {},
+) {
   // exec, so that the handle is the command's; through env(1) when the
   // line starts with an assignment (VAR=value cmd), which exec refuses.
+  // With `group`, in a process group of its own, as a terminal runs a
+  // command: `interrupt()` is then its Ctrl-C, which reaches every process
+  // of the group (npx and what it started), not the first one alone.
   const command = /^\w+=/.test(line) ? `exec env ${line}` : `exec ${line}`;
   const child: ChildProcess = spawn("sh", ["-c", command], {
     cwd,
     env,
     stdio: ["ignore", "pipe", "pipe"],
+    detached: group,
   });
   const out = { stdout: "", stderr: "" };
   child.stdout!.on("data", (d) => (out.stdout += d));
@@ -74,7 +83,11 @@ function background(line: string, cwd: string, env = readerEnv) {
   const exited = new Promise<number | null>((resolve) =>
     child.on("close", (code) => resolve(code))
   );
-  return { child, out, exited };
+  const interrupt = () => {
+    assert.ok(group, "interrupt() is for a command run with { group: true }");
+    process.kill(-child.pid!, "SIGINT");
+  };
+  return { child, out, exited, interrupt };
 }
 
 /** A clone next to a project (`../runlock`), as the README lays them out. */
@@ -729,7 +742,9 @@ describe("the docs' Node and Bun forms, run as written", {
           ...process.env as Record<string, string>,
           PATH: `${dirname(process.execPath)}${delimiter}${process.env.PATH}`,
         };
-        const holding = background(hold.replace(/\s+#.*$/, ""), dir, env);
+        const holding = background(hold.replace(/\s+#.*$/, ""), dir, env, {
+          group: true,
+        });
         const lock = join(dir, ".state", "run.lock");
         await waitFor(
           () => existsSync(lock) && readFileSync(lock, "utf8").includes("\n"),
@@ -742,7 +757,9 @@ describe("the docs' Node and Bun forms, run as written", {
           r.stderr,
           new RegExp(`another run is active as pid ${pid} `),
         );
-        holding.child.kill("SIGTERM");
+        // Ctrl-C in its terminal: npx's SIGTERM alone left `runlock run`
+        // and its `sleep 60` to run out their minute, holding the lock.
+        holding.interrupt();
         await holding.exited;
         await waitFor(() => !existsSync(lock), "the holder's release");
       } finally {
