@@ -9,6 +9,8 @@
 // processes: with RUNLOCK_INTEROP_SCRATCH, Deno, Node and Bun ones);
 // RUNLOCK_CHAOS_SECONDS sets the length (default 20).
 import assert from "node:assert/strict";
+import { mkdtempSync, readFileSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
 import { join } from "node:path";
 import process from "node:process";
 import { describe, test } from "node:test";
@@ -43,19 +45,57 @@ function workers(): { runtime: string; command: string[] | undefined }[] {
   });
 }
 
+/**
+ * What the log says before each violation, for the run's output: the lines
+ * of the worker it names and every fault and server line (those with no
+ * acquisition), from 150 lines before it to 5 after. A violation seen once
+ * in a CI run can then be read without a rerun.
+ */
+function around(
+  log: string,
+  report: { violations: { line: number; detail: string }[] },
+): string {
+  const lines = readFileSync(log, "utf8").split("\n");
+  return report.violations.map((v) => {
+    const worker = /^([\w-]+\.\d+)\.\d+ /.exec(v.detail)?.[1];
+    const shown = lines
+      .map((text, i) => ({ text, n: i + 1 }))
+      .slice(Math.max(0, v.line - 151), v.line + 5)
+      .filter(({ text }) =>
+        text !== "" && (!text.includes('"acq"') ||
+          (worker !== undefined && text.includes(`"${worker}"`)))
+      );
+    return [
+      `--- the log around line ${v.line} (${worker ?? "every worker"}):`,
+      ...shown.map(({ text, n }) => `${n}: ${text}`),
+    ].join("\n");
+  }).join("\n");
+}
+
 describe("postgres chaos", { skip }, () => {
   test(
     `a fenced register under ${seconds} s of random faults (${
       KINDS.join(", ")
     }, synchronous_commit = off on the role for half of it): fences only grow, the register accepts no stale write, every overlap is a loss the older holder reported, every loss has a fault behind it, every acquire ends with the lock or its timeout, none waits past its timeout by more than its slice of the faults`,
     async () => {
-      const report = await chaos({
-        seconds,
-        workers: workers(),
-        every: 1_200,
-        phase: seconds / 2,
-        say: (line) => console.log(line),
-      });
+      const kept = mkdtempSync(join(tmpdir(), "runlock-chaos-log-"));
+      const keepLog = join(kept, "log");
+      let report: Awaited<ReturnType<typeof chaos>>;
+      try {
+        report = await chaos({
+          seconds,
+          workers: workers(),
+          every: 1_200,
+          phase: seconds / 2,
+          say: (line) => console.log(line),
+          keepLog,
+        });
+        if (report.violations.length > 0) {
+          console.error(around(keepLog, report));
+        }
+      } finally {
+        rmSync(kept, { recursive: true, force: true });
+      }
       console.log(summary(report));
       if (report.netnsSkipped) {
         console.error(`*** cut-link fault skipped: ${report.netnsSkipped} ***`);
