@@ -42,8 +42,9 @@
 // PostgreSQL host-loss test; default: the last of RUNLOCK_NODE_VERSIONS;
 // "all", or "" for none), RUNLOCK_PG_NODE (which Node versions run the
 // PostgreSQL backend's own tests and the docs' Node forms; the same default,
-// "all", or "" for none: Bun runs them still), RUNLOCK_PG_CJS=all (the whole PostgreSQL suite
-// with the CommonJS entry too, not only the contract test).
+// "all", or "" for none: Bun runs them still), RUNLOCK_PG_CJS=all (the
+// whole PostgreSQL suite with the CommonJS entry too, not only the contract
+// test).
 import {
   spawn,
   type SpawnOptions,
@@ -357,7 +358,8 @@ const versions = (process.env.RUNLOCK_NODE_VERSIONS ?? "20,22,24").split(",");
 // (the backend's code is the same; what differs is require("runlock/
 // postgres") sharing require("runlock")'s error classes, which that test
 // checks), and the host-loss test runs on Bun and one Node version.
-// RUNLOCK_PG_CJS=all and RUNLOCK_PG_NETNS_NODE=all run them everywhere.
+// RUNLOCK_PG_CJS=all and RUNLOCK_PG_NETNS_NODE=all run them everywhere
+// (RUNLOCK_PG_NODE: the backend's other tests, below).
 const PG_CJS_TESTS = new Set(["postgres_contract_test.js"]);
 const pgCjsAll = process.env.RUNLOCK_PG_CJS === "all";
 /** Whether runtime `rt` is among the Node versions a knob names, or Bun. */
@@ -431,13 +433,13 @@ const systemMajor = spawnSync("node", [
 }).stdout.trim();
 const nodeBins = new Map<string, string>();
 /**
- * The command that runs Node `version`: the machine's `node`, or the binary
- * of the npm registry's `node@<version>` (fetched by npx once, then run by
- * its path: an npx in front of each run would reach the registry each
- * time, and needs the environment's CA certificates to).
+ * The binary of Node `version`: the machine's `node`, or the npm registry's
+ * `node@<version>` (fetched by npx once, then run by its path: an npx in
+ * front of each run would reach the registry each time, and needs the
+ * environment's CA certificates to).
  */
-function nodeCommand(version: string): [string, string[]] {
-  if (version === systemMajor) return ["node", []];
+function nodeBinary(version: string): string {
+  if (version === systemMajor) return "node";
   let bin = nodeBins.get(version);
   if (bin === undefined) {
     const r = spawnSync(
@@ -451,7 +453,7 @@ function nodeCommand(version: string): [string, string[]] {
     }
     nodeBins.set(version, bin);
   }
-  return [bin, []];
+  return bin;
 }
 /**
  * The environment of the suites: this process's without
@@ -464,8 +466,7 @@ function nodeCommand(version: string): [string, string[]] {
  */
 const suiteEnv: NodeJS.ProcessEnv = { ...process.env };
 delete suiteEnv.NODE_EXTRA_CA_CERTS;
-const nodeArgs = (version: string, files: string[], concurrency = 2) => [
-  ...nodeCommand(version)[1],
+const nodeArgs = (files: string[], concurrency = 2) => [
   "--test",
   `--test-concurrency=${concurrency}`,
   ...files,
@@ -605,7 +606,7 @@ if (!process.env.RUNLOCK_SKIP_BUN) {
 // fail theirs, and the other versions' still run.
 for (const version of versions) {
   await step(`node ${version}`, () => {
-    console.log(`node ${version}: ${nodeCommand(version)[0]}`);
+    console.log(`node ${version}: ${nodeBinary(version)}`);
   });
 }
 const jobs: (() => Promise<void>)[] = [];
@@ -615,8 +616,8 @@ for (const version of versions) {
     (log) =>
       runBuffered(
         log,
-        nodeCommand(version)[0],
-        nodeArgs(version, testFiles("tests-esm", version)),
+        nodeBinary(version),
+        nodeArgs(testFiles("tests-esm", version)),
         { cwd: scratch, env: suiteEnv },
       ),
   ));
@@ -636,8 +637,8 @@ for (const version of versions) {
     (log) =>
       runBuffered(
         log,
-        nodeCommand(version)[0],
-        nodeArgs(version, testFiles("tests-cjs", version)),
+        nodeBinary(version),
+        nodeArgs(testFiles("tests-cjs", version)),
         { cwd: scratch, env: suiteEnv },
       ),
   ));
@@ -700,10 +701,10 @@ jobs.push(bufferedStep(
   `README: the Node example on Node ${versions.join(", ")}`,
   async (log) => {
     for (const version of versions) {
-      const [cmd, prefix] = nodeCommand(version);
-      log.push(`$ ${cmd} ${[...prefix, "main.mjs"].join(" ")}\n`);
+      const cmd = nodeBinary(version);
+      log.push(`$ ${cmd} main.mjs\n`);
       const lock = join(scratch, ".state", "run.lock");
-      const free = await exec(cmd, [...prefix, "main.mjs"], {
+      const free = await exec(cmd, ["main.mjs"], {
         cwd: scratch,
         env: suiteEnv,
       });
@@ -719,7 +720,6 @@ jobs.push(bufferedStep(
        "$@" main.mjs; code=$?; kill $pid; wait $pid 2>/dev/null; echo "exit=$code pid=$pid"`,
         "sh",
         cmd,
-        ...prefix,
       ], { cwd: scratch, env: suiteEnv });
       log.push(holder.text);
       const m = holder.stdout.match(/exit=(\d+) pid=(\d+)/);
@@ -772,7 +772,7 @@ for (const version of versions) {
   await step(
     `node ${version}, one file at a time: ${files.join(", ")}`,
     () =>
-      run(nodeCommand(version)[0], nodeArgs(version, files, 1), {
+      run(nodeBinary(version), nodeArgs(files, 1), {
         cwd: scratch,
         env: suiteEnv,
       }),
