@@ -11,10 +11,10 @@ import { keyOf, lockTagOf } from "./_key.ts";
 import { heldByThisProcess } from "./_lock.ts";
 import { checkName, checkTimeout, hostName, runtime } from "./_options.ts";
 import { find, heldError } from "./_probe.ts";
-import { type Session, sqlState } from "./_session.ts";
+import { REROUTED, type Session, sqlState } from "./_session.ts";
 import type { Statements } from "./_sql.ts";
 import { attempt, type Call, Queue } from "./_wait.ts";
-import { KeyCollisionError } from "./errors.ts";
+import { KeyCollisionError, PoolerError } from "./errors.ts";
 import type { PgAcquireOptions, PgLock } from "./types.ts";
 
 /** Attempts when the lock keeps changing hands between our statements. */
@@ -148,6 +148,13 @@ export async function acquire(
       if (signal?.aborted && !(err instanceof RunlockError)) {
         throw signal.reason;
       }
+      // A statement reached another client's server session: a pooler
+      // that cannot hold a session lock. Never retried.
+      if (session.lost === REROUTED) {
+        throw new PoolerError(name, `its session ${REROUTED}`, {
+          cause: err,
+        });
+      }
       // The session ended under us (a server restart
       // gave every waiter 57P01 at once, although the server was back
       // 0.2 s later): a waiter with time left connects again and waits on.
@@ -258,7 +265,7 @@ async function acquireOn(
     if (row !== undefined) {
       await session.query(
         host.sql.release,
-        [name, row.fence],
+        [name, row.fence, session.nonce],
         "runlock_release",
         false,
         host.statementTimeout,

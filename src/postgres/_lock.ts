@@ -104,7 +104,10 @@ export interface LockOwner {
   readonly sql: Statements;
   /** Milliseconds a short statement may take before its session counts as dead. */
   readonly statementTimeout: number;
-  startHeartbeat(session: Session): void;
+  startHeartbeat(
+    session: Session,
+    tag: { classid: string; objid: string },
+  ): void;
   refused(name: string, action: string, err: unknown): RunlockError;
   giveBack(session: Session): void;
 }
@@ -152,7 +155,7 @@ export class PgLockImpl implements PgLock {
       );
     };
     session.onLost = lose;
-    owner.startHeartbeat(session);
+    owner.startHeartbeat(session, tag);
   }
 
   get released(): boolean {
@@ -168,7 +171,7 @@ export class PgLockImpl implements PgLock {
     try {
       const rows = await this.#session.query(
         this.#owner.sql.owned,
-        [this.#tag.classid, this.#tag.objid],
+        [this.#tag.classid, this.#tag.objid, this.#session.nonce],
         "runlock_owned",
         false,
         this.#owner.statementTimeout,
@@ -194,20 +197,22 @@ export class PgLockImpl implements PgLock {
     try {
       await session.query(
         this.#owner.sql.release,
-        [this.path, String(this.fence)],
+        [this.path, String(this.fence), session.nonce],
         "runlock_release",
         false,
         this.#owner.statementTimeout,
       );
     } catch (err) {
+      const why = session.lost;
       session.destroy();
       if (isSessionError(err)) {
-        // The session died before or during the release: the lock went
-        // with it, possibly before we stopped working.
+        // The session died before or during the release (or its statement
+        // reached another client's server session): the lock went with
+        // it, possibly before we stopped working.
         const lost = new SessionLostError(
           this.path,
           this.pid,
-          `ended: ${describe(err)}`,
+          why ?? `ended: ${describe(err)}`,
           this.fence,
           { cause: err },
         );

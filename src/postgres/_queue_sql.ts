@@ -1,5 +1,5 @@
 // The statements of the waiting queue (see _wait.ts).
-import { tableName, upsert } from "./_sql.ts";
+import { guarded, tableName, upsert } from "./_sql.ts";
 
 // Used only by _wait.ts, which describes the protocol. In short: a waiter
 // holds the queue's marker (queue, 0) in share mode, which keeps
@@ -53,17 +53,24 @@ export function queueStatements(schema: string): QueueStatements {
     // if the lock was taken, `empty` (nobody was queued), and `ticket` and
     // `queued` (our node is held; false when another took the ticket or
     // held the marker exclusively at that instant: the caller enqueues).
-    // $1-$6 as tryAcquire, $7 queue.
+    // $1-$6 as tryAcquire, $7 queue, $8 the session's nonce (every
+    // advisory lock function takes its key through `guarded`, _sql.ts).
     tryUnqueued: `WITH q AS MATERIALIZED (
-        SELECT pg_catalog.pg_try_advisory_xact_lock($7::integer, 0) AS empty
+        SELECT pg_catalog.pg_try_advisory_xact_lock(${
+      guarded("$7::integer", "integer", 8)
+    }, 0) AS empty
       ), got AS MATERIALIZED (
         SELECT CASE WHEN q.empty
-          THEN pg_catalog.pg_try_advisory_lock($2::bigint) ELSE false END AS ok
+          THEN pg_catalog.pg_try_advisory_lock(${
+      guarded("$2::bigint", "bigint", 8)
+    }) ELSE false END AS ok
         FROM q
       ), taken AS (
         ${upsert(table, "got WHERE got.ok")}
       ), mark AS MATERIALIZED (
-        SELECT pg_catalog.pg_try_advisory_lock_shared($7::integer, 0) AS ok
+        SELECT pg_catalog.pg_try_advisory_lock_shared(${
+      guarded("$7::integer", "integer", 8)
+    }, 0) AS ok
         FROM got WHERE NOT got.ok
       ), t AS MATERIALIZED (
         SELECT COALESCE((SELECT pg_catalog.max(l.objid::bigint) ${
@@ -73,12 +80,16 @@ export function queueStatements(schema: string): QueueStatements {
         FROM mark WHERE mark.ok
       ), n AS MATERIALIZED (
         SELECT t.ticket::integer AS ticket,
-          pg_catalog.pg_try_advisory_lock($7::integer, t.ticket::integer) AS ok
+          pg_catalog.pg_try_advisory_lock(${
+      guarded("$7::integer", "integer", 8)
+    }, t.ticket::integer) AS ok
         FROM t
       ), u AS MATERIALIZED (
         SELECT n.ticket, n.ok,
           CASE WHEN n.ok THEN true
-            ELSE pg_catalog.pg_advisory_unlock_shared($7::integer, 0) END
+            ELSE pg_catalog.pg_advisory_unlock_shared(${
+      guarded("$7::integer", "integer", 8)
+    }, 0) END
           AS unmarked
         FROM n
       ) SELECT taken.fence, taken.started, q.empty, u.ticket,
@@ -95,11 +106,13 @@ export function queueStatements(schema: string): QueueStatements {
     // and grow while it is not; a queue never empty for 2^31 arrivals
     // would overflow the integer (an error: the caller then waits outside
     // the queue, as older versions do).
-    // $1 queue.
+    // $1 queue, $2 the session's nonce.
     enqueue: `WITH cfg AS MATERIALIZED (
         SELECT pg_catalog.set_config('lock_timeout', '1000', true)
       ), mark AS MATERIALIZED (
-        SELECT pg_catalog.pg_advisory_lock_shared($1::integer, 0) FROM cfg
+        SELECT pg_catalog.pg_advisory_lock_shared(${
+      guarded("$1::integer", "integer", 2)
+    }, 0) FROM cfg
       ), t AS MATERIALIZED (
         SELECT COALESCE((SELECT pg_catalog.max(l.objid::bigint) ${
       queueNodes("$1")
@@ -108,11 +121,15 @@ export function queueStatements(schema: string): QueueStatements {
         FROM mark
       ), n AS MATERIALIZED (
         SELECT t.ticket::integer AS ticket,
-          pg_catalog.pg_try_advisory_lock($1::integer, t.ticket::integer) AS ok
+          pg_catalog.pg_try_advisory_lock(${
+      guarded("$1::integer", "integer", 2)
+    }, t.ticket::integer) AS ok
         FROM t
       ) SELECT n.ticket, n.ok,
           CASE WHEN n.ok THEN true
-            ELSE pg_catalog.pg_advisory_unlock_shared($1::integer, 0) END
+            ELSE pg_catalog.pg_advisory_unlock_shared(${
+      guarded("$1::integer", "integer", 2)
+    }, 0) END
           AS unmarked
         FROM n`,
 
@@ -138,14 +155,19 @@ export function queueStatements(schema: string): QueueStatements {
     // else NULL and the predecessor to wait for next. A failure after the
     // key was granted (a lock_timeout on the row) leaves the key held and
     // our node let go of; before, the reverse (see afterWait).
-    // $1-$6 as waitAcquire, $7 ms, $8 queue, $9 ticket, $10 predecessor.
+    // $1-$6 as waitAcquire, $7 ms, $8 queue, $9 ticket, $10 predecessor,
+    // $11 the session's nonce.
     wait: `WITH cfg AS MATERIALIZED (
         SELECT pg_catalog.set_config('lock_timeout', $7::pg_catalog.text, true)
       ), waited AS MATERIALIZED (
-        SELECT pg_catalog.pg_advisory_lock($8::integer, $10::integer) FROM cfg
+        SELECT pg_catalog.pg_advisory_lock(${
+      guarded("$8::integer", "integer", 11)
+    }, $10::integer) FROM cfg
         WHERE $10::integer IS NOT NULL
       ), freed AS MATERIALIZED (
-        SELECT pg_catalog.pg_advisory_unlock($8::integer, $10::integer)
+        SELECT pg_catalog.pg_advisory_unlock(${
+      guarded("$8::integer", "integer", 11)
+    }, $10::integer)
         FROM waited
       ), pred AS MATERIALIZED (
         SELECT (SELECT pg_catalog.max(l.objid::bigint)::integer ${
@@ -163,11 +185,17 @@ export function queueStatements(schema: string): QueueStatements {
             AS left_ms
         FROM cfg, (SELECT pg_catalog.count(*) FROM freed) f
       ), got AS MATERIALIZED (
-        SELECT pg_catalog.pg_advisory_lock($2::bigint) FROM pred
+        SELECT pg_catalog.pg_advisory_lock(${
+      guarded("$2::bigint", "bigint", 11)
+    }) FROM pred
         WHERE pred.pred IS NULL
       ), node AS MATERIALIZED (
-        SELECT pg_catalog.pg_advisory_unlock($8::integer, $9::integer),
-          pg_catalog.pg_advisory_unlock_shared($8::integer, 0)
+        SELECT pg_catalog.pg_advisory_unlock(${
+      guarded("$8::integer", "integer", 11)
+    }, $9::integer),
+          pg_catalog.pg_advisory_unlock_shared(${
+      guarded("$8::integer", "integer", 11)
+    }, 0)
         FROM got
       ), taken AS (
         ${upsert(table, "node")}
@@ -177,13 +205,16 @@ export function queueStatements(schema: string): QueueStatements {
     // After a failed wait: drops the name's key if the statement was
     // granted it, and says whether we still hold our node (then it failed
     // before the key was granted, and we keep our place).
-    // $1 key, $2 classid, $3 objid (its halves), $4 queue, $5 ticket.
+    // $1 key, $2 classid, $3 objid (its halves), $4 queue, $5 ticket,
+    // $6 the session's nonce.
     afterWait: `WITH mine AS MATERIALIZED (
         SELECT l.objsubid, l.classid, l.objid FROM pg_catalog.pg_locks l
         WHERE l.locktype OPERATOR(pg_catalog.=) 'advisory' AND l.granted
           AND l.pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid()
       ) SELECT
-        (SELECT pg_catalog.pg_advisory_unlock($1::bigint) FROM mine
+        (SELECT pg_catalog.pg_advisory_unlock(${
+      guarded("$1::bigint", "bigint", 6)
+    }) FROM mine
           WHERE mine.objsubid OPERATOR(pg_catalog.=) 1
             AND mine.classid OPERATOR(pg_catalog.=) $2::pg_catalog.oid
             AND mine.objid OPERATOR(pg_catalog.=) $3::pg_catalog.oid
@@ -195,9 +226,13 @@ export function queueStatements(schema: string): QueueStatements {
         ) AS node_held`,
 
     // Leaving the queue (the lock was taken another way): our node and
-    // the marker. $1 queue, $2 ticket.
+    // the marker. $1 queue, $2 ticket, $3 the session's nonce.
     unlockNode: `SELECT
-        pg_catalog.pg_advisory_unlock($1::integer, $2::integer) AS ok,
-        pg_catalog.pg_advisory_unlock_shared($1::integer, 0) AS unmarked`,
+        pg_catalog.pg_advisory_unlock(${
+      guarded("$1::integer", "integer", 3)
+    }, $2::integer) AS ok,
+        pg_catalog.pg_advisory_unlock_shared(${
+      guarded("$1::integer", "integer", 3)
+    }, 0) AS unmarked`,
   };
 }

@@ -23,6 +23,7 @@ import {
   setTimeout,
 } from "node:timers";
 import { deadline, pause } from "./_clock.ts";
+import { GUARD_MARK } from "./_sql.ts";
 
 /** The part of node-postgres's Client that runlock uses. */
 interface PgClient {
@@ -98,14 +99,47 @@ export interface SessionConfig {
   settings: Record<string, string>;
   /** Milliseconds before a connection attempt is abandoned. */
   connectTimeout: number;
+  /**
+   * Set once a server or pooler refused the startup packet's `options`
+   * (PgBouncer with its default settings): sessions then open without
+   * them, and lock sessions set their settings by statement (_bind.ts).
+   */
+  optionsRefused?: boolean;
 }
 
-/** A PostgreSQL error's SQLSTATE, or undefined for other errors. */
+/**
+ * Whether a failed connection was refused for its `options` startup
+ * parameter: PgBouncer, unless told to ignore it, answers
+ * "unsupported startup parameter: options" (08P01).
+ */
+function refusesOptions(err: unknown): boolean {
+  return /unsupported startup parameter:? *"?options/i.test(
+    String((err as { message?: unknown } | null)?.message ?? err),
+  );
+}
+
+/**
+ * A PostgreSQL error's SQLSTATE, or undefined for other errors. Only an
+ * error the server sent counts (node-postgres's DatabaseError, which
+ * carries the report's severity): a socket's EPIPE or ECONNRESET is also
+ * five capital letters.
+ */
 export function sqlState(err: unknown): string | undefined {
-  const code = (err as { code?: unknown } | null)?.code;
-  return typeof code === "string" && /^[0-9A-Z]{5}$/.test(code)
+  const e = err as { code?: unknown; severity?: unknown } | null;
+  const code = e?.code;
+  return typeof code === "string" && /^[0-9A-Z]{5}$/.test(code) &&
+      typeof e?.severity === "string"
     ? code
     : undefined;
+}
+
+/**
+ * Whether a statement failed because it reached a server session this
+ * client did not bind: its guard (see `guarded` in _sql.ts) refused it.
+ */
+export function isGuardError(err: unknown): boolean {
+  const message = (err as { message?: unknown } | null)?.message;
+  return typeof message === "string" && message.includes(GUARD_MARK);
 }
 
 /**
@@ -119,11 +153,19 @@ export function isSessionError(err: unknown): boolean {
   const state = sqlState(err);
   const severity = (err as { severity?: unknown } | null)?.severity;
   return state === undefined || severity === "FATAL" ||
-    severity === "PANIC" || state.startsWith("08") || state.startsWith("57P");
+    severity === "PANIC" || state.startsWith("08") ||
+    state.startsWith("57P") || isGuardError(err);
 }
+
+/** What a guard's refusal means, in a person's words. */
+export const REROUTED =
+  "had a statement sent to a server session this client did not open " +
+  "(a pooler in transaction or statement mode, or a load balancer, between " +
+  "runlock and PostgreSQL)";
 
 /** A short description of why a session ended. */
 export function describe(err: unknown): string {
+  if (isGuardError(err)) return REROUTED;
   const e = err as { message?: unknown; code?: unknown } | null;
   const message = typeof e?.message === "string" ? e.message : String(err);
   return typeof e?.code === "string" && !message.includes(e.code)
@@ -158,8 +200,17 @@ const CANCEL_GAP_MS = 500;
 /** One dedicated session. */
 export class Session {
   readonly #client: PgClient;
-  /** The server process of this session (pg_backend_pid()). */
+  /**
+   * The server process of this session as the connection's BackendKeyData
+   * says (pg_backend_pid() on a direct connection; a pooler may send its
+   * own number).
+   */
   readonly backendPid: number;
+  /**
+   * The nonce this client set on its server session (SESSION_SETTING,
+   * _sql.ts), passed to every guarded statement; "" until bound.
+   */
+  nonce = "";
   /** Why the session ended, once it has. */
   #lost: string | undefined;
   #onLost: ((what: string) => void) | undefined;
@@ -188,12 +239,28 @@ export class Session {
     config: SessionConfig,
     signal?: AbortSignal,
   ): Promise<Session> {
-    const options = Object.entries(config.settings)
+    const refused = config.optionsRefused === true;
+    try {
+      return await Session.#open(config, refused, signal);
+    } catch (err) {
+      if (refused || !refusesOptions(err)) throw err;
+      signal?.throwIfAborted();
+      config.optionsRefused = true;
+      return await Session.#open(config, true, signal);
+    }
+  }
+
+  static async #open(
+    config: SessionConfig,
+    withoutOptions: boolean,
+    signal?: AbortSignal,
+  ): Promise<Session> {
+    const options = withoutOptions ? undefined : Object.entries(config.settings)
       .map(([name, value]) => `-c ${name}=${value}`).join(" ");
     const Client = await loadClient();
     const client = new Client({
       connectionString: config.url,
-      options,
+      ...(options === undefined ? {} : { options }),
       fallback_application_name: "runlock",
       connectionTimeoutMillis: config.connectTimeout,
       keepAlive: true,
@@ -219,7 +286,24 @@ export class Session {
       client.connection.stream.destroy();
       signal.throwIfAborted();
     }
-    return new Session(client);
+    const session = new Session(client);
+    if (withoutOptions) {
+      // Without the startup options, the client still needs ISO dates to
+      // parse timestamps. A pooler keeps DateStyle per client (PgBouncer
+      // tracks it), so this changes no other client's session; lock
+      // sessions set the rest of their settings once bound (_bind.ts).
+      await session.query(
+        "SELECT pg_catalog.set_config('DateStyle', 'ISO', false)",
+        [],
+        undefined,
+        false,
+        config.connectTimeout,
+      ).catch((err) => {
+        session.destroy();
+        throw err;
+      });
+    }
+    return session;
   }
 
   /** Why the session ended, or undefined while it is alive. */
@@ -282,7 +366,8 @@ export class Session {
       this.#tail = run.catch(() => {});
       return (await run).rows;
     } catch (err) {
-      if (isSessionError(err)) this.#lose(`ended: ${describe(err)}`);
+      if (isGuardError(err)) this.#lose(REROUTED);
+      else if (isSessionError(err)) this.#lose(`ended: ${describe(err)}`);
       // Our own deadline ended it: say that, not "Connection terminated".
       const lost = this.#lost as string | undefined;
       if (lost?.startsWith("did not answer")) {
@@ -297,22 +382,38 @@ export class Session {
   }
 
   /**
-   * Checks the session every `interval` ms with `statement`; if an answer
-   * takes longer than `timeout` ms the session counts as lost and is
-   * closed. The timers are unreferenced. As a statement's, an expired
+   * Checks the session every `interval` ms with `statement` and its
+   * `values`; if an answer takes longer than `timeout` ms, or `check` finds
+   * something wrong in it (and says what), the session counts as lost and
+   * is closed. The timers are unreferenced. As a statement's, an expired
    * timeout first lets the event loop read what arrived (see `deadline`):
    * a holder that was stopped (SIGSTOP, Ctrl-Z, a long GC pause, a blocked
    * event loop) wakes with the deadline overdue while the answer may
    * already sit in the socket's buffer, and reads it before it decides.
    */
-  startHeartbeat(statement: string, interval: number, timeout: number): void {
+  startHeartbeat(
+    statement: string,
+    values: unknown[],
+    interval: number,
+    timeout: number,
+    check: (rows: Record<string, unknown>[]) => string | undefined,
+  ): void {
     let inFlight = false;
     this.#beat = setInterval(() => {
       if (inFlight || this.#lost !== undefined) return;
       inFlight = true;
-      this.#run(statement, [], undefined, true, timeout, "heartbeat").then(
-        () => inFlight = false,
-        (err) => this.#lose(`failed a heartbeat: ${describe(err)}`),
+      this.#run(statement, values, undefined, true, timeout, "heartbeat").then(
+        (rows) => {
+          inFlight = false;
+          const wrong = check(rows);
+          if (wrong !== undefined) this.#lose(wrong);
+        },
+        (err) =>
+          this.#lose(
+            isGuardError(err)
+              ? REROUTED
+              : `failed a heartbeat: ${describe(err)}`,
+          ),
       );
     }, interval);
     this.#beat.unref();

@@ -104,6 +104,37 @@ export function optionValue(value: string): string {
   return value.replace(/[\\\s]/g, (c) => `\\${c}`);
 }
 
+/**
+ * The custom setting that names the client of a lock session: a random
+ * nonce the client sets once, on a server session that has none (see
+ * _bind.ts). Only the session this client opened has it.
+ */
+export const SESSION_SETTING = "runlock.session";
+
+/** Begins the message of a statement that reached another server session. */
+export const GUARD_MARK = "runlock: not this client's server session";
+
+/**
+ * `expr`, of SQL type `type`, when the statement runs on the server
+ * session this client bound (its SESSION_SETTING equals the nonce in
+ * parameter `$n`); otherwise the statement fails (a cast of GUARD_MARK
+ * to `type`, 22P02) before the function whose argument this is runs.
+ * Every advisory lock function a lock session calls takes its key through
+ * this, so that a pooler that sends a statement to a server session of
+ * another client (transaction or statement pooling, a load balancer) can
+ * neither take, keep nor release a lock there. The ELSE arm is not a
+ * constant (current_setting is stable), so the planner never evaluates it
+ * early (manual §4.2.14).
+ */
+export function guarded(expr: string, type: string, n: number): string {
+  return `(CASE WHEN pg_catalog.current_setting('${SESSION_SETTING}', true)
+      OPERATOR(pg_catalog.=) $${n}::pg_catalog.text THEN ${expr}
+    ELSE ('${GUARD_MARK.replaceAll("'", "''")}: '
+      OPERATOR(pg_catalog.||) COALESCE(
+        pg_catalog.current_setting('${SESSION_SETTING}', true), 'none'))::${type}
+    END)`;
+}
+
 /** Double-quotes an identifier (`"a""b"`), for the one thing we cannot bind. */
 export function quoteIdent(name: string): string {
   return `"${name.replaceAll('"', '""')}"`;
@@ -125,30 +156,47 @@ export interface Statements {
   inspect: string;
   scan: string;
   owned: string;
-  heartbeat: string;
 }
 
 /** The record's columns, in the order the acquire statements bind them. */
 const COLUMNS =
   "name, key, fence, pid, host, started, runtime, meta, backend_pid";
 
-// The upsert both acquire statements share. `fence` starts at 1 and grows
-// by one on every acquisition, in the statement that writes the record, so
-// a record and its fence are committed together. In READ COMMITTED an
+// The upsert both acquire statements share. `fence` grows by one on every
+// acquisition, in the statement that writes the record, so a record and
+// its fence are committed together. It never falls below the floor of the
+// server's timeline (FENCE_FLOOR): on timeline 1 it starts at 1, and a
+// standby promoted to timeline t hands out fences above (t - 1) * 2^32,
+// above every fence of the timelines before it, even those its
+// asynchronous replication missed. In READ COMMITTED an
 // INSERT ... ON CONFLICT DO UPDATE updates the latest committed version of
 // the conflicting row even when the statement's snapshot is older [upsert]:
 // a waiter whose statement began before the previous holder's acquisition
 // still reads that holder's fence. A conflict on `key` (another name with
 // the same 64-bit key) is not covered by ON CONFLICT (name): it raises
 // unique_violation (23505), which is how a key collision is detected.
+/**
+ * The floor of fences on the server's current timeline, (t - 1) * 2^32:
+ * a promotion starts a new timeline, whose number any role can read in
+ * the name of the WAL file being written (its first 8 hex digits; manual
+ * §9.27.3, pg_walfile_name and pg_current_wal_lsn). Fences of one
+ * timeline stay below the next one's floor for the first 2^32
+ * acquisitions of a name.
+ */
+const FENCE_FLOOR = `((('x' OPERATOR(pg_catalog.||) pg_catalog.substr(
+       pg_catalog.pg_walfile_name(pg_catalog.pg_current_wal_lsn()), 1, 8))
+       ::bit(32)::bigint OPERATOR(pg_catalog.-) 1) OPERATOR(pg_catalog.<<) 32)`;
+
 /** The record's upsert, writing the acquisition from rows of `source`. */
 export const upsert = (table: string, source: string) =>
   `INSERT INTO ${table} AS r (${COLUMNS})
-   SELECT $1, $2, 1, $3, $4, pg_catalog.clock_timestamp(), $5,
+   SELECT $1, $2, ${FENCE_FLOOR} OPERATOR(pg_catalog.+) 1, $3, $4,
+     pg_catalog.clock_timestamp(), $5,
      $6::pg_catalog.jsonb, pg_catalog.pg_backend_pid()
    FROM ${source}
    ON CONFLICT (name) DO UPDATE SET
-     key = EXCLUDED.key, fence = r.fence OPERATOR(pg_catalog.+) 1,
+     key = EXCLUDED.key, fence = GREATEST(r.fence OPERATOR(pg_catalog.+) 1,
+       EXCLUDED.fence),
      pid = EXCLUDED.pid,
      host = EXCLUDED.host, started = EXCLUDED.started,
      runtime = EXCLUDED.runtime, meta = EXCLUDED.meta,
@@ -269,9 +317,12 @@ export function statements(schema: string): Statements {
     // waiting and, only if that worked, write the record. Zero rows means
     // someone holds the key. pg_try_advisory_lock is volatile, so the
     // MATERIALIZED CTE runs it exactly once, before the INSERT reads it.
-    // $1 name, $2 key, $3 pid, $4 host, $5 runtime, $6 meta (json text).
+    // $1 name, $2 key, $3 pid, $4 host, $5 runtime, $6 meta (json text),
+    // $7 the session's nonce (see guarded).
     tryAcquire: `WITH got AS MATERIALIZED (
-        SELECT pg_catalog.pg_try_advisory_lock($2::bigint) AS ok
+        SELECT pg_catalog.pg_try_advisory_lock(${
+      guarded("$2::bigint", "bigint", 7)
+    }) AS ok
       ) ${upsert(table, "got WHERE got.ok")}`,
 
     // Waiting: block in pg_advisory_lock, so the server hands the lock over
@@ -282,11 +333,14 @@ export function statements(schema: string): Statements {
     // holds a snapshot, which holds back VACUUM's horizon cluster-wide
     // (pg_stat_activity.backend_xmin [stats]; seen here: a blocked
     // pg_advisory_lock shows a backend_xmin), so callers wait in slices of
-    // a few seconds rather than for hours in one statement.
+    // a few seconds rather than for hours in one statement. $8 the
+    // session's nonce.
     waitAcquire: `WITH cfg AS MATERIALIZED (
         SELECT pg_catalog.set_config('lock_timeout', $7::pg_catalog.text, true)
       ), got AS MATERIALIZED (
-        SELECT pg_catalog.pg_advisory_lock($2::bigint) FROM cfg
+        SELECT pg_catalog.pg_advisory_lock(${
+      guarded("$2::bigint", "bigint", 8)
+    }) FROM cfg
       ) ${upsert(table, "got")}`,
 
     // Release: mark the record released (so it reads free, not stale),
@@ -298,7 +352,7 @@ export function statements(schema: string): Statements {
     // not pg_advisory_unlock: session-level advisory locks stack (taken
     // twice, they need two unlocks) [explicit], and this session is
     // dedicated to one lock, so "all" is exactly ours.
-    // $1 name, $2 fence.
+    // $1 name, $2 fence, $3 the session's nonce.
     release: `WITH mark AS (
         UPDATE ${table} SET backend_pid = NULL
         WHERE name OPERATOR(pg_catalog.=) $1
@@ -306,14 +360,17 @@ export function statements(schema: string): Statements {
           AND backend_pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid()
         RETURNING 1
       ) SELECT pg_catalog.pg_advisory_unlock_all(),
-        (SELECT pg_catalog.count(*) FROM mark)::integer AS marked`,
+        (SELECT pg_catalog.count(*) FROM mark)::integer AS marked
+      FROM (SELECT ${guarded("true", "boolean", 3)} AS ok) g`,
 
     // After a failed acquire statement. Session-level advisory locks are
     // NOT released when the transaction that took them rolls back
     // [explicit]: if the lock was granted and the INSERT then failed (key
     // collision, lock_timeout on the row, cancel), the session still holds
-    // it and must drop it before it is reused.
-    unlockAll: `SELECT pg_catalog.pg_advisory_unlock_all()`,
+    // it and must drop it before it is reused. $1 the session's nonce: only
+    // the session this client bound drops anything.
+    unlockAll: `SELECT pg_catalog.pg_advisory_unlock_all()
+      FROM (SELECT ${guarded("true", "boolean", 1)} AS ok) g`,
 
     // The read-only probe: the record for the name, any record of another
     // name with the same key (a collision), and who holds the key right now
@@ -429,8 +486,10 @@ export function statements(schema: string): Statements {
         AND (r.backend_pid IS NOT NULL OR l.pid IS NOT NULL
           OR r.name OPERATOR(pg_catalog.=) ANY ($2::pg_catalog.text[]))`,
 
-    // lock.isOwned(): does this session still hold the key?
-    // $1 classid, $2 objid.
+    // lock.isOwned() and the heartbeat: does this session still hold the
+    // key? Answered only by the server session this client bound (guarded),
+    // so a pooler or balancer that sends it elsewhere makes it fail, never
+    // answer for another session. $1 classid, $2 objid, $3 the nonce.
     owned: `SELECT EXISTS (
         SELECT 1 FROM pg_catalog.pg_locks
         WHERE locktype OPERATOR(pg_catalog.=) 'advisory' AND granted
@@ -438,11 +497,8 @@ export function statements(schema: string): Statements {
           AND classid OPERATOR(pg_catalog.=) $1::pg_catalog.oid
           AND objid OPERATOR(pg_catalog.=) $2::pg_catalog.oid
           AND objsubid OPERATOR(pg_catalog.=) 1
-      ) AS owned`,
-
-    // The heartbeat: the cheapest round trip. The lock can only go away
-    // with the session (nothing else runs on it), so an answer proves it.
-    heartbeat: `SELECT 1`,
+      ) AS owned
+      FROM (SELECT ${guarded("true", "boolean", 3)} AS ok) g`,
   };
 }
 

@@ -130,7 +130,14 @@ export class Queue {
       try {
         [row] = await this.#query(
           this.sql.wait,
-          [...call.params, String(slice), this.number, ticket, pred],
+          [
+            ...call.params,
+            String(slice),
+            this.number,
+            ticket,
+            pred,
+            this.#session.nonce,
+          ],
           "runlock_queue_wait",
           late,
         );
@@ -149,6 +156,7 @@ export class Queue {
             call.tag.objid,
             this.number,
             ticket,
+            this.#session.nonce,
           ],
           "runlock_queue_after_wait",
           false,
@@ -179,7 +187,7 @@ export class Queue {
       try {
         rows = await this.#query(
           this.sql.enqueue,
-          [this.number],
+          [this.number, this.#session.nonce],
           "runlock_queue_enqueue",
           this.#call.host.statementTimeout,
         );
@@ -204,7 +212,7 @@ export class Queue {
     this.ticket = undefined;
     await this.#session.query(
       this.sql.unlockNode,
-      [this.number, ticket],
+      [this.number, ticket, this.#session.nonce],
       "runlock_queue_leave",
       false,
       this.#call.host.statementTimeout,
@@ -227,7 +235,7 @@ export class Queue {
     this.ticket = undefined;
     await this.#session.query(
       this.#call.host.sql.unlockAll,
-      [],
+      [this.#session.nonce],
       "runlock_unlock_all",
       false,
       this.#call.host.statementTimeout,
@@ -263,7 +271,8 @@ export async function waitOnKey(
 }
 
 /**
- * Runs an acquire statement. After any failure, drops whatever advisory
+ * Runs an acquire statement, with the session's nonce as its last
+ * parameter (its guard, _sql.ts). After any failure, drops whatever advisory
  * lock the failed statement took: session-level advisory locks survive
  * the rollback of the statement that took them (PostgreSQL manual
  * §13.3.5), so a collision or a lock_timeout on the row after the lock
@@ -280,13 +289,19 @@ export async function attempt(
 ): Promise<Record<string, unknown>[]> {
   call.signal?.throwIfAborted();
   try {
-    return await session.query(text, params, statement, false, timeout);
+    return await session.query(
+      text,
+      [...params, session.nonce],
+      statement,
+      false,
+      timeout,
+    );
   } catch (err) {
     // An aborted acquire ends its session, which drops everything.
     if (session.lost !== undefined || call.signal?.aborted) throw err;
     await session.query(
       call.host.sql.unlockAll,
-      [],
+      [session.nonce],
       "runlock_unlock_all",
       false,
       call.host.statementTimeout,

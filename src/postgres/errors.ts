@@ -112,3 +112,42 @@ export class ForeignHolderError extends HeldError {
     );
   }
 }
+
+/**
+ * A connection that cannot hold a session-level advisory lock: a pooler in
+ * transaction or statement mode, or a load balancer, sends one client's
+ * statements to several server sessions (or several clients' to one).
+ * Acquires through it are refused, never granted.
+ *
+ * @example What the message says
+ * ```ts
+ * import { PoolerError } from "@runlock/runlock/postgres";
+ * import assert from "node:assert/strict";
+ *
+ * const err = new PoolerError("sync/main", "the test says so");
+ * assert.equal(err.path, "sync/main");
+ * assert.match(err.message, /session mode/);
+ * ```
+ */
+export class PoolerError extends RunlockError {
+  /**
+   * Creates the error.
+   *
+   * @param name The lock name.
+   * @param why What was seen, in a person's words.
+   * @param options `cause`, when there is one.
+   */
+  constructor(name: string, why: string, options?: ErrorOptions) {
+    super(
+      name,
+      `${name}: cannot hold a lock through this connection: ${why}. ` +
+        `A PostgreSQL lock lives in one server session, and a pooler in ` +
+        `transaction or statement mode (PgBouncer's pool_mode = transaction ` +
+        `or statement) or a load balancer (pgpool-II's load_balance_mode) ` +
+        `sends a client's statements to several: connect directly, or ` +
+        `through a pooler in session mode (pool_mode = session)`,
+      options,
+    );
+    this.name = "PoolerError";
+  }
+}

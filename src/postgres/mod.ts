@@ -17,7 +17,7 @@
  * A separate entry point, so that file-lock users never load a database
  * client. The errors are runlock's own ({@linkcode HeldError},
  * {@linkcode LockLostError}, {@linkcode RunlockError}), re-exported here,
- * plus {@linkcode KeyCollisionError}.
+ * plus {@linkcode KeyCollisionError} and {@linkcode PoolerError}.
  *
  * @module
  */
@@ -34,7 +34,7 @@ export {
   type PgScanOptions,
   type PgWatchOptions,
 } from "./pg_locks.ts";
-export { KeyCollisionError } from "./errors.ts";
+export { KeyCollisionError, PoolerError } from "./errors.ts";
 export { type PgSetupOptions, pgSetupSql } from "./_schema.ts";
 export {
   ContendedError,

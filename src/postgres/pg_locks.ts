@@ -8,6 +8,7 @@
 import { clearInterval, setInterval } from "node:timers";
 import { RunlockError } from "../errors.ts";
 import { acquire, type AcquireHost } from "./_acquire.ts";
+import { bind } from "./_bind.ts";
 import { granted } from "./_deno.ts";
 import { keyOf, lockTagOf } from "./_key.ts";
 import { hereKey, type LockOwner, PgLockImpl } from "./_lock.ts";
@@ -64,6 +65,8 @@ class PgLocksImpl implements PgLocks, AcquireHost, LockOwner {
   readonly #schema: string;
   readonly #options: Options;
   readonly #config: SessionConfig;
+  /** runlock's own session settings, which lock sessions set once bound. */
+  readonly #pinned: Record<string, string>;
   readonly #target: Target;
   /** Released sessions, newest last, with when they were released. */
   readonly #idle: { session: Session; since: number }[] = [];
@@ -85,13 +88,14 @@ class PgLocksImpl implements PgLocks, AcquireHost, LockOwner {
     this.#schema = this.#options.schema;
     this.sql = statements(this.#schema);
     const o = this.#options;
+    this.#pinned = sessionSettings(o);
     this.#config = {
       url: this.#target.connectUrl,
       connectTimeout: o.connectTimeout,
       // The settings pinned in the startup packet, which win over the
       // role's, the database's, the server's and the URL's (sent after
       // the URL's own `options`; see _sql.ts and _options.ts).
-      settings: { ...this.#target.settings, ...sessionSettings(o) },
+      settings: { ...this.#target.settings, ...this.#pinned },
     };
   }
 
@@ -104,11 +108,23 @@ class PgLocksImpl implements PgLocks, AcquireHost, LockOwner {
     return this.#options.heartbeatTimeout;
   }
 
-  startHeartbeat(session: Session): void {
+  startHeartbeat(
+    session: Session,
+    tag: { classid: string; objid: string },
+  ): void {
+    // The heartbeat asks pg_locks whether this very server session still
+    // holds the key (guarded: only the session this client bound
+    // answers), never a bare round trip that a balancer could answer
+    // from another server.
     session.startHeartbeat(
-      this.sql.heartbeat,
+      this.sql.owned,
+      [tag.classid, tag.objid, session.nonce],
       this.#options.heartbeatInterval,
       this.#options.heartbeatTimeout,
+      (rows) =>
+        rows[0]?.owned === true
+          ? undefined
+          : "no longer holds the lock's advisory key (its heartbeat asked pg_locks)",
     );
   }
 
@@ -163,12 +179,31 @@ class PgLocksImpl implements PgLocks, AcquireHost, LockOwner {
         }`,
       );
     }
+    let session: Session;
     try {
-      return await Session.open(this.#config, signal);
+      session = await Session.open(this.#config, signal);
     } catch (err) {
       signal?.throwIfAborted();
       throw connectError(this.#target, this.#options, name, err, purpose);
     }
+    if (purpose !== "lock") return session;
+    try {
+      await bind(session, {
+        name,
+        // Without startup options (refused by a pooler), the URL's own
+        // settings are set by statement too.
+        settings: this.#config.optionsRefused
+          ? { ...this.#target.settings, ...this.#pinned }
+          : this.#pinned,
+        timeout: this.statementTimeout,
+        open: () => Session.open(this.#config, signal),
+      });
+    } catch (err) {
+      if (err instanceof RunlockError) throw err;
+      signal?.throwIfAborted();
+      throw this.refused(name, "acquire the lock", err);
+    }
+    return session;
   }
 
   /** A released session of ours, or a new one. */
