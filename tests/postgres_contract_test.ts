@@ -16,6 +16,11 @@ import {
   findPgBin,
   startCluster,
 } from "./fixtures/pg_cluster.ts";
+import {
+  type Pooler,
+  poolersAvailable,
+  startPgBouncer,
+} from "./fixtures/pg_poolers.ts";
 
 /** What both backends' locks have. */
 interface AnyLock extends AsyncDisposable {
@@ -85,18 +90,34 @@ function fileBackend(): Backend {
   };
 }
 
-function pgBackend(): Backend {
+/**
+ * PostgreSQL, reached directly or, with `pooled`, through PgBouncer in
+ * session mode with its default settings (which refuse the startup
+ * packet's `options`).
+ */
+function pgBackend(pooled = false): Backend {
   let cluster: Cluster;
+  let bouncer: Pooler | undefined;
+  let url = "";
   let locks: PgLocks;
   let n = 0;
   return {
-    label: "postgres",
+    label: pooled ? "postgres through PgBouncer, session mode" : "postgres",
     async start() {
       cluster = await startCluster();
-      locks = pgLocks(cluster.url);
+      url = cluster.url;
+      if (pooled) {
+        bouncer = await startPgBouncer({
+          backend: { host: cluster.host, port: cluster.port },
+          mode: "session",
+        });
+        url = bouncer.url;
+      }
+      locks = pgLocks(url);
     },
     async stop() {
       await locks?.end();
+      await bouncer?.stop();
       cluster?.stop();
     },
     fresh: () => `contract/${process.pid}-${Date.now().toString(36)}/${n++}`,
@@ -107,7 +128,7 @@ function pgBackend(): Backend {
     child: (mode, name, timeout) =>
       new Child("pg_child.ts", [
         mode,
-        cluster.url,
+        url,
         name,
         ...(timeout ? [String(timeout)] : []),
       ]),
@@ -123,8 +144,18 @@ function pgBackend(): Backend {
 const hasPg = Boolean(process.env.RUNLOCK_TEST_PG_URL) ||
   findPgBin() !== undefined;
 
-for (const backend of [fileBackend(), pgBackend()]) {
-  const skip = backend.label === "postgres" && !hasPg;
+const noBouncer = poolersAvailable(["pgbouncer"]);
+if (noBouncer !== undefined) {
+  // CI installs PgBouncer (.ci/run): there, its absence is a failure.
+  if (process.env.CI === "true") throw new Error(`no PgBouncer: ${noBouncer}`);
+  console.error(`contract through PgBouncer skipped: ${noBouncer}`);
+}
+
+for (
+  const backend of [fileBackend(), pgBackend(), pgBackend(true)]
+) {
+  const skip = backend.label.startsWith("postgres") &&
+    (!hasPg || (backend.label !== "postgres" && noBouncer !== undefined));
   describe(`contract (${backend.label})`, { skip }, () => {
     before(() => backend.start());
     after(() => backend.stop());

@@ -191,20 +191,34 @@ function timeLeft(call: Call): boolean {
   return call.deadline - performance.now() > 0;
 }
 
+/** Socket errors of a server, or a path to it, that is not there yet. */
+const NOT_THERE = new Set([
+  "ECONNREFUSED",
+  "ECONNRESET",
+  "EPIPE",
+  "ETIMEDOUT",
+  "EHOSTUNREACH",
+  "ENETUNREACH",
+  "EHOSTDOWN",
+]);
+
 /**
  * Whether a failed connection is a server on its way back: refused (not
- * listening yet), reset or ended during the handshake, or refusing with
- * 57P01-57P03 (shutting down, crashed, starting up / in recovery).
+ * listening yet), reset or ended during the handshake, unreachable, no
+ * answer within connectTimeout (a server busy starting, or accepting a
+ * storm of reconnections), or refusing with 57P01-57P03 (shutting down,
+ * crashed, starting up / in recovery) or 53300 (too many connections:
+ * the waiters of a restart reconnecting at once).
  */
 function comingBack(err: unknown): boolean {
   const cause = (err as { cause?: unknown } | null)?.cause ?? err;
   const code = (cause as { code?: unknown } | null)?.code;
-  if (code === "ECONNREFUSED" || code === "ECONNRESET" || code === "EPIPE") {
-    return true;
-  }
+  if (typeof code === "string" && NOT_THERE.has(code)) return true;
   const state = sqlState(cause);
-  if (state !== undefined) return /^57P0[1-3]$/.test(state);
-  return /Connection terminated/i.test(String(cause));
+  if (state !== undefined) return /^57P0[1-3]$|^53300$/.test(state);
+  return /Connection terminated|timeout expired/i.test(
+    String((cause as { message?: unknown } | null)?.message ?? cause),
+  );
 }
 
 /** Whether a failed connection got an answer from a server (a SQLSTATE). */

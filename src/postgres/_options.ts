@@ -18,6 +18,7 @@ export const DEFAULTS = {
   heartbeatTimeout: 5_000,
   connectTimeout: 10_000,
   maxIdleSessions: 2,
+  idleSessionTimeout: 0,
 };
 
 /** The heartbeat's deadline gets one more event-loop turn (see Session). */
@@ -386,6 +387,20 @@ export function checkOptions(
         }`,
       );
     }
+  }
+  // A lock session's heartbeat runs every heartbeatInterval: the server's
+  // idle limit must not end a live holder's session (nor before the
+  // holder's own signal could abort: the ordering above).
+  const idle = o.idleSessionTimeout;
+  if (
+    !Number.isInteger(idle) || idle < 0 || idle > 2_147_483_647 ||
+    (idle > 0 && idle <= o.heartbeatInterval + o.heartbeatTimeout)
+  ) {
+    throw new RangeError(
+      `Cannot create pgLocks as 'idleSessionTimeout' must be 0 (off) or a whole number of milliseconds above 'heartbeatInterval' + 'heartbeatTimeout' (${
+        o.heartbeatInterval + o.heartbeatTimeout
+      }): current value is ${String(idle)}`,
+    );
   }
   if (!Number.isInteger(o.maxIdleSessions) || o.maxIdleSessions < 0) {
     throw new RangeError(

@@ -191,6 +191,15 @@ function letGo(): void {
   if (--busy === 0) keepAlive?.unref();
 }
 
+/**
+ * Begins every statement: pgpool-II's hint never to send it to a standby
+ * (with load_balance_mode on, any statement that begins with a comment
+ * goes to the primary; runlock's statements also call volatile functions
+ * or read system catalogs, which pgpool-II sends there too). A statement
+ * that reaches a standby all the same fails its guard (_sql.ts).
+ */
+const NO_LOAD_BALANCE = "/*NO LOAD BALANCE*/ ";
+
 /** CancelRequests one cancel() may send while the statement runs on. */
 const CANCEL_SENDS = 40;
 /** The first pause between two of them; it doubles up to CANCEL_GAP_MS. */
@@ -359,8 +368,9 @@ export class Session {
             () => this.#lose(`did not answer a ${what} within ${timeout} ms`),
           );
         }
+        const sql = NO_LOAD_BALANCE + text;
         return this.#client.query(
-          named ? { name: named, text, values } : { text, values },
+          named ? { name: named, text: sql, values } : { text: sql, values },
         );
       });
       this.#tail = run.catch(() => {});

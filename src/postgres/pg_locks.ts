@@ -192,9 +192,13 @@ class PgLocksImpl implements PgLocks, AcquireHost, LockOwner {
         name,
         // Without startup options (refused by a pooler), the URL's own
         // settings are set by statement too.
-        settings: this.#config.optionsRefused
-          ? { ...this.#target.settings, ...this.#pinned }
-          : this.#pinned,
+        settings: {
+          ...(this.#config.optionsRefused ? this.#target.settings : {}),
+          ...this.#pinned,
+          // The server's bound on a silent lock session (behind a TCP
+          // proxy, see PgLocksOptions), on lock sessions only.
+          idle_session_timeout: String(this.#options.idleSessionTimeout),
+        },
         timeout: this.statementTimeout,
         open: () => Session.open(this.#config, signal),
       });

@@ -83,6 +83,20 @@ export interface PgLocksOptions {
    * this process. Default 2; 0 closes each session on release.
    */
   maxIdleSessions?: number;
+  /**
+   * Server setting `idle_session_timeout` of lock sessions, milliseconds;
+   * 0 (the default) leaves it off. Behind a TCP proxy (HAProxy, a cloud
+   * load balancer) the server's keepalives reach the proxy, not the
+   * client: a holder whose host vanished keeps its lock until the proxy's
+   * own timeout ends the server's session (HAProxy's `timeout client`,
+   * often 30 minutes). With this set, the server ends a lock session that
+   * sent nothing for that long, and a live holder's heartbeat (every
+   * `heartbeatInterval`) keeps it going. It must be above `heartbeatInterval
+   * + heartbeatTimeout`, so that the holder's `lock.signal` aborts first.
+   * The price: a holder stopped for that long (SIGSTOP, a debugger) loses
+   * its lock, as it would not on a direct connection.
+   */
+  idleSessionTimeout?: number;
 }
 
 /**
