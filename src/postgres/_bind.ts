@@ -89,7 +89,7 @@ export interface BindContext {
   /** Milliseconds a short statement may take. */
   timeout: number;
   /** Opens a second session through the same URL (for step 2). */
-  open(): Promise<Session>;
+  open(signal: AbortSignal): Promise<Session>;
 }
 
 /**
@@ -163,28 +163,38 @@ async function bindOrRefuse(
 }
 
 /**
+ * How long step 2 may take. A transaction pooler hands the second
+ * connection the first one's idle server session at once; a session
+ * pooler whose pool is full makes it wait for a free one, which says
+ * nothing against the first, and must not hold up the acquire.
+ */
+const SECOND_LOOK_MS = 1_000;
+
+/**
  * Step 2: through a pooler, a second connection must not be handed the
  * first one's server session while the first is idle. A second connection
- * that fails or is slow (a session pooler whose pool is full makes it
- * wait) says nothing against the first.
+ * that fails, or gets no server session within SECOND_LOOK_MS, says
+ * nothing against the first.
  */
 async function notShared(nonce: string, context: BindContext): Promise<void> {
   let second: Session | undefined;
   let same = false;
   try {
-    second = await context.open();
+    second = await context.open(AbortSignal.timeout(SECOND_LOOK_MS));
     const [row] = await second.query(
       SAME,
       [nonce],
       undefined,
       false,
-      Math.min(context.timeout, 2_000),
+      Math.min(context.timeout, SECOND_LOOK_MS),
     );
     same = row?.same === true;
   } catch {
     // Nothing learned.
   } finally {
-    if (second !== undefined) void second.close();
+    // Dropped, not closed politely: a statement still waiting for a
+    // server session (a full pool) is abandoned with it.
+    second?.destroy();
   }
   if (same) {
     throw new PoolerError(

@@ -301,16 +301,23 @@ export class Session {
       // parse timestamps. A pooler keeps DateStyle per client (PgBouncer
       // tracks it), so this changes no other client's session; lock
       // sessions set the rest of their settings once bound (_bind.ts).
-      await session.query(
-        "SELECT pg_catalog.set_config('DateStyle', 'ISO', false)",
-        [],
-        undefined,
-        false,
-        config.connectTimeout,
-      ).catch((err) => {
+      const drop = () => session.destroy();
+      signal?.addEventListener("abort", drop, { once: true });
+      try {
+        await session.query(
+          "SELECT pg_catalog.set_config('DateStyle', 'ISO', false)",
+          [],
+          undefined,
+          false,
+          config.connectTimeout,
+        );
+      } catch (err) {
         session.destroy();
+        signal?.throwIfAborted();
         throw err;
-      });
+      } finally {
+        signal?.removeEventListener("abort", drop);
+      }
     }
     return session;
   }

@@ -200,7 +200,11 @@ class PgLocksImpl implements PgLocks, AcquireHost, LockOwner {
           idle_session_timeout: String(this.#options.idleSessionTimeout),
         },
         timeout: this.statementTimeout,
-        open: () => Session.open(this.#config, signal),
+        open: (limit) =>
+          Session.open(
+            this.#config,
+            signal === undefined ? limit : AbortSignal.any([signal, limit]),
+          ),
       });
     } catch (err) {
       if (err instanceof RunlockError) throw err;
