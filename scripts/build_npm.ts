@@ -318,18 +318,21 @@ rmSync(pgTree, { recursive: true, force: true });
 // has one copy of the library and its per-process state; likewise the
 // PostgreSQL backend (loaded by --db only) as "runlock/postgres". The CLI
 // is src/cli.js and src/cli/*.js: in a copy of those (and of version.js and
-// _process.js, constants), every import of mod.js, whoever makes it, becomes
+// _process.js, constants, and _redact.js, a function without state, which
+// the backend's messages use too), every import of mod.js, whoever makes it, becomes
 // "runlock", and every import() of src/postgres/mod.js "runlock/postgres".
 const libraryModule = join(tscOut, "mod.js");
 const pgModule = join(tscOut, "src", "postgres", "mod.js");
 const versionModule = join(tscOut, "src", "version.js");
 const processModule = join(tscOut, "src", "_process.js");
+const redactModule = join(tscOut, "src", "_redact.js");
 const cliDir = join(tscOut, "src", "cli");
 const cliFiles = [
   join(tscOut, "src", "cli.js"),
   ...walk(cliDir).filter((f) => f.endsWith(".js")),
   versionModule,
   processModule,
+  redactModule,
 ];
 for (const [format, file] of [["esm", "cli.js"], ["cjs", "cli.cjs"]] as const) {
   const cliTree = join(out, `.tsc-cli-${format}`);
@@ -354,15 +357,15 @@ for (const [format, file] of [["esm", "cli.js"], ["cjs", "cli.cjs"]] as const) {
             : 'Promise.resolve().then(() => require("runlock/postgres"))',
       );
     // Anything else relative but the CLI's own files, version.js and
-    // _process.js (constants) would be a second copy of library code in
-    // this bundle.
+    // _process.js (constants) and _redact.js (no state) would be a second
+    // copy of library code in this bundle.
     const unmapped = [
       ...text.matchAll(/(?:from |import\()["'](\.{1,2}\/[^"']+)["']/g),
     ]
       .map(([, spec]) => spec)
       .filter((spec) =>
         target(spec) !== versionModule && target(spec) !== processModule &&
-        !target(spec).startsWith(cliDir + "/")
+        target(spec) !== redactModule && !target(spec).startsWith(cliDir + "/")
       );
     if (unmapped.length > 0) {
       throw new Error(

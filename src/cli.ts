@@ -28,6 +28,7 @@
  */
 
 import { process } from "./_process.ts";
+import { redact } from "./_redact.ts";
 import { EX_USAGE, HelpWanted, UsageError } from "./cli/_args.ts";
 import { type Command, commandHelp, help, usage } from "./cli/_help.ts";
 import { type CliIo, stdio } from "./cli/_io.ts";
@@ -97,7 +98,7 @@ export async function main(args: string[], io: CliIo = stdio): Promise<number> {
         // `nosuch` is.
         const about = COMMANDS.find((c) => c.name === rest[0]);
         if (command === "help" && rest[0] !== undefined && !about) {
-          throw new UsageError(`unknown command '${rest[0]}'`);
+          throw new UsageError(`unknown command '${redact(rest[0])}'`);
         }
         io.out(about ? commandHelp(about) : help(COMMANDS));
         return 0;
@@ -113,15 +114,17 @@ export async function main(args: string[], io: CliIo = stdio): Promise<number> {
           // `runlock --db=URL status k`: say where options go, not that
           // '--db' is no command.
           // Named without its value, which may hold a password.
-          const option = command.split("=")[0];
+          const option = redact(command.split("=")[0]);
           const later = rest.find((a) => COMMANDS.some((c) => c.name === a));
-          const written = option === command ? option : `${option}=...`;
+          const written = command.includes("=") ? `${option}=...` : option;
           throw new UsageError(
             `'${option}' is an option: write it after the command` +
               (later ? `, as in 'runlock ${later} ${written} ...'` : ""),
           );
         }
-        throw new UsageError(`unknown command '${command}'`);
+        // `runlock postgres://app:pw@db/app status k`: quoted without the
+        // password.
+        throw new UsageError(`unknown command '${redact(command)}'`);
     }
   } catch (err) {
     if (err instanceof HelpWanted && found) {

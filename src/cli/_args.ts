@@ -6,6 +6,8 @@
  * @module
  */
 
+import { redact } from "../_redact.ts";
+
 /** The exit code of a usage error. */
 export const EX_USAGE = 2;
 
@@ -53,20 +55,22 @@ export function parse(
   for (; i < args.length; i++) {
     const arg = args[i];
     if (arg === "--") break;
+    // As the messages quote it: `--dburl=postgres://app:***@db/app`.
+    const shown = redact(arg);
     if (arg === "--help" || arg === "-h") throw new HelpWanted();
     if (!arg.startsWith("-")) break;
     if (!arg.startsWith("--")) {
       throw new UsageError(
         command === undefined
-          ? `unknown option '${arg}'`
-          : `unknown option '${arg}' (a path that starts with "-" goes after "--": runlock ${command} -- ${arg} ...)`,
+          ? `unknown option '${shown}'`
+          : `unknown option '${shown}' (a path that starts with "-" goes after "--": runlock ${command} -- ${shown} ...)`,
       );
     }
     const eq = arg.indexOf("=");
     const name = eq < 0 ? arg.slice(2) : arg.slice(2, eq);
     let value = eq < 0 ? undefined : arg.slice(eq + 1);
     const kind = known[name];
-    if (kind === undefined) throw new UsageError(`unknown option '${arg}'`);
+    if (kind === undefined) throw new UsageError(`unknown option '${shown}'`);
     if (kind === "flag" && value !== undefined) {
       throw new UsageError(`option '--${name}' takes no value`);
     }
@@ -127,7 +131,11 @@ export function onePath(
     throw new UsageError(`${command}: missing ${what}`);
   }
   if (rest.length > 1) {
-    throw new UsageError(`${command}: unexpected argument '${rest[1]}'`);
+    // `status k --db=URL`: an option after the path, quoted without its
+    // password.
+    throw new UsageError(
+      `${command}: unexpected argument '${redact(rest[1])}'`,
+    );
   }
   return rest[0];
 }
@@ -151,14 +159,16 @@ export function metaOptions(values: string[]): Record<string, string> {
     const eq = item.indexOf("=");
     if (eq < 0) {
       throw new UsageError(
-        `option '--meta' takes KEY=VALUE: current value is '${item}'`,
+        `option '--meta' takes KEY=VALUE: current value is '${redact(item)}'`,
       );
     }
     const key = item.slice(0, eq);
     const value = item.slice(eq + 1);
     if (!META_KEY.test(key)) {
       throw new UsageError(
-        `option '--meta': the key '${key}' must be 1 to 64 of a-z 0-9 _ . -`,
+        `option '--meta': the key '${
+          redact(key)
+        }' must be 1 to 64 of a-z 0-9 _ . -`,
       );
     }
     if (key === "__proto__") {

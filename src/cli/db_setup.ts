@@ -6,6 +6,7 @@
  */
 
 import { process } from "../_process.ts";
+import { redact } from "../_redact.ts";
 import { parse, UsageError } from "./_args.ts";
 import { databaseUrl, postgres } from "./_backend.ts";
 import type { Command } from "./_help.ts";
@@ -20,7 +21,9 @@ import { granted } from "./_permissions.ts";
 async function dbSetup(args: string[], io: CliIo): Promise<number> {
   const { options, rest } = parse(args, { db: "value", schema: "value" });
   if (rest.length > 0) {
-    throw new UsageError(`db-setup: unexpected argument '${rest[0]}'`);
+    throw new UsageError(
+      `db-setup: unexpected argument '${redact(rest[0])}'`,
+    );
   }
   const url = databaseUrl(options);
   let role: string | undefined;

@@ -8,6 +8,7 @@
 
 import { statSync } from "node:fs";
 import { process } from "../_process.ts";
+import { redact } from "../_redact.ts";
 import { scan, watch } from "../../mod.ts";
 import { onePath, parse, UsageError } from "./_args.ts";
 import {
@@ -105,7 +106,7 @@ function request(args: string[]): Request {
   } else {
     const names = rest[0] === "--" ? rest.slice(1) : rest;
     if (names.length > 1) {
-      throw new UsageError(`ls: unexpected argument '${names[1]}'`);
+      throw new UsageError(`ls: unexpected argument '${redact(names[1])}'`);
     }
     where = names[0] ?? "";
   }

@@ -7,6 +7,7 @@
 
 import { type ChildProcess, spawn } from "node:child_process";
 import { process } from "../_process.ts";
+import { redact } from "../_redact.ts";
 import { metaOptions, parse, seconds, UsageError } from "./_args.ts";
 import {
   type Backend,
@@ -99,7 +100,7 @@ async function run(args: string[], io: CliIo): Promise<number> {
       rest.length === 1
         ? "run: missing '--' before the command"
         : `run: missing '--' between <path> and the command, before '${
-          rest[1]
+          redact(rest[1])
         }'`,
     );
   }

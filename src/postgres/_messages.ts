@@ -1,6 +1,7 @@
 // The messages that name the server (never the password): a connection
 // that failed, a statement the server refused, saying what to do where the
 // cause is one of the server's settings or privileges.
+import { redact } from "../_redact.ts";
 import { RunlockError } from "../errors.ts";
 import type { Options, Target } from "./_options.ts";
 import { CreateRefused, schemaArgument } from "./_schema.ts";
@@ -11,10 +12,13 @@ import {
   sqlState,
 } from "./_session.ts";
 
-/** Replaces the URL's password in `text` with `***`. */
+/**
+ * `text` (a message) with the URL's password, in each form the caller gave
+ * it, and any URL's password masked: {@linkcode redact} with the target's
+ * secrets.
+ */
 export function scrub(target: Target, text: string): string {
-  const pw = target.password;
-  return pw.length >= 3 ? text.replaceAll(pw, "***") : text;
+  return redact(text, { secrets: target.secrets, as: "message" });
 }
 
 /**
@@ -107,7 +111,10 @@ export function connectError(
   purpose: "lock" | "probe" | "watch" = "lock",
 ): RunlockError {
   if (err instanceof ClientMissing) {
-    return new RunlockError(name, `${name}: ${err.message}`, { cause: err });
+    // Its cause's text (a registry's error) may name a URL too.
+    return new RunlockError(name, scrub(target, `${name}: ${err.message}`), {
+      cause: err,
+    });
   }
   // Decided on the error's code (a SQLSTATE, or Node's for a socket) and,
   // for errors of the client's own, on their fixed text; never on the

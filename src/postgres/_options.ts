@@ -3,6 +3,7 @@
 // database.
 import { hostname } from "node:os";
 import { process } from "../_process.ts";
+import { redact } from "../_redact.ts";
 import { granted } from "./_deno.ts";
 import { optionValue } from "./_sql.ts";
 import type { PgLocksOptions } from "./types.ts";
@@ -54,6 +55,12 @@ export interface Target {
   host: string;
   port: string;
   password: string;
+  /**
+   * Every form of the password the caller gave (as written, decoded, in
+   * the query, PGPASSWORD's), for {@linkcode redact} to mask wherever a
+   * message might echo one.
+   */
+  secrets: string[];
   /**
    * The URL to connect with: the caller's, less the query parameters that
    * would override runlock's pinned session settings (see `urlSettings`).
@@ -153,6 +160,7 @@ function urlSettings(
  * this process holds name the server and database the client really uses.
  */
 export function parseUrl(url: unknown): Target {
+  if (typeof url === "string") checkAmbiguous(url);
   let u: URL;
   try {
     if (typeof url !== "string") throw new TypeError("not a string");
@@ -173,7 +181,12 @@ export function parseUrl(url: unknown): Target {
   if (u === undefined) {
     throw new TypeError(
       `Cannot create pgLocks as 'url' must be a postgres:// URL: current value is ${
-        typeof url === "string" ? JSON.stringify(redact(url)) : String(url)
+        typeof url === "string"
+          ? JSON.stringify(redact(url))
+          // Never String(url): a URL object prints its password.
+          : url === null || typeof url !== "object" && typeof url !== "function"
+          ? String(url)
+          : `${Object.prototype.toString.call(url)} (not a string)`
       }`,
     );
   }
@@ -277,14 +290,43 @@ export function parseUrl(url: unknown): Target {
     host: host.includes(":") && !host.startsWith("/") ? `[${host}]` : host,
     port,
     password,
+    secrets: [
+      password,
+      u.password,
+      decode(u.password, "password"),
+      p.password,
+      decode(p.password, "password"),
+      ...u.searchParams.getAll("password"),
+      env.PGPASSWORD ?? "",
+    ].filter((s) => s !== ""),
     connectUrl,
     settings,
   };
 }
 
-/** The URL with its password replaced by `***`, for messages. */
-export function redact(url: string): string {
-  return url.replace(/^([a-z]+:\/\/[^:@/]*:)[^@/]*@/i, "$1***@");
+/**
+ * Refuses a URL whose host, port or database could be part of a password:
+ * an "@" after the end of the host (its first "/", "?" or "#"), with a ":"
+ * before it. `postgres://app:2024/x@db/app` is host "app", port 2024 and
+ * database "x@db/app" to a URL parser (and to node-postgres), while its
+ * writer meant the password "2024/x": messages, which name the server and
+ * the database, would print it (libpq, too, ends the password at a "/").
+ * The same for a "?" or "#" of a password, which ends the host for a URL
+ * parser, so for node-postgres.
+ */
+function checkAmbiguous(url: string): void {
+  const scheme = /^postgres(ql)?:\/\//i.exec(url);
+  if (scheme === null) return;
+  const from = scheme[0].length;
+  const hostEnd = url.slice(from).search(/[/?#]/);
+  const at = url.lastIndexOf("@");
+  if (hostEnd < 0 || at < from + hostEnd) return;
+  if (!url.slice(from, at).includes(":")) return;
+  throw new TypeError(
+    `Cannot create pgLocks as 'url' has an '@' after its host, so what it names as the host, port or database may be part of a password: write a '/', '?', '#' or '@' of a password (or of a query value) percent-encoded (%2F, %3F, %23, %40): current value is ${
+      JSON.stringify(redact(url))
+    }`,
+  );
 }
 
 /**
