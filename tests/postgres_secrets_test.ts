@@ -1,10 +1,11 @@
-// What the PostgreSQL backend prints about its URL: never a password
-// (whatever characters it holds, escaped or not, in the URL's user part or
-// its query, or in a string that is no URL at all), through the library
-// (message and stack), the CLI's --db= and RUNLOCK_DATABASE_URL (stdout and
-// stderr, --json too). A real server and real processes. Without
-// PostgreSQL binaries (and no URL) the tests skip with a loud message,
-// except under CI=true, where that fails.
+// What the PostgreSQL backend prints about its URL and its server: never a
+// password (whatever characters it holds, escaped or not, in the URL's user
+// part or its query, or in a string that is no URL at all), through the
+// library (message and stack), the CLI's --db= and RUNLOCK_DATABASE_URL
+// (stdout and stderr, --json too); and the server's hint kept in the
+// message made from its error. Real servers (one of them with a small lock
+// table) and real processes. Without PostgreSQL binaries (and no URL) the
+// tests skip with a loud message, except under CI=true, where that fails.
 import assert from "node:assert/strict";
 import { spawnSync } from "node:child_process";
 import process from "node:process";
@@ -16,6 +17,7 @@ import {
   findPgBin,
   freePort,
   psql,
+  psqlSession,
   startCluster,
 } from "./fixtures/pg_cluster.ts";
 
@@ -34,6 +36,7 @@ if (!hasServer) {
   }
 }
 const cliTestable = hasServer && cliPgTestable("the CLI's --db secrets");
+const ownClusters = findPgBin() !== undefined;
 
 /**
  * Every secret below holds "Zq" between its special characters, so that
@@ -213,6 +216,56 @@ describe("PostgreSQL URL secrets and server advice", {
         const r = cli(...args);
         assert.equal(r.code, 2, `${args.join(" ")}: ${r.stderr}`);
         noSecret(r.stdout + r.stderr, args.join(" "));
+      }
+    },
+  );
+
+  test(
+    "a server error's hint is kept in the message: out of shared memory (53200) says to increase max_locks_per_transaction, for a lock, a probe and a connection",
+    {
+      skip: ownClusters
+        ? false
+        : "needs PostgreSQL binaries for a cluster of its own",
+    },
+    async () => {
+      // max_locks_per_transaction × (max_connections + max_prepared_xacts)
+      // entries in the shared lock table: filled below by one session.
+      const small = await startCluster({
+        own: true,
+        conf: ["max_locks_per_transaction = 10"],
+      });
+      const locks = pgLocks(small.url);
+      const filler = psqlSession(small.url);
+      try {
+        // A session kept for the next acquire, and the probe session.
+        await (await locks.acquire("warm")).release();
+        await locks.inspect("warm");
+        // Session-level advisory locks survive the subtransaction the
+        // EXCEPTION block rolls back: the table stays full.
+        filler.send(
+          `DO $$ BEGIN FOR i IN 1..10000000 LOOP BEGIN PERFORM pg_advisory_lock(1, i); ` +
+            `EXCEPTION WHEN out_of_memory THEN RAISE NOTICE 'full at %', i; EXIT; END; END LOOP; END $$;`,
+        );
+        await filler.until(/full at \d+/, 60_000);
+        const hint =
+          /out of shared memory \(53200\); hint: You might need to increase max_locks_per_transaction\./;
+        const acquired = await locks.acquire("x").catch((e) => e);
+        assert.ok(acquired instanceof RunlockError, String(acquired));
+        assert.match(acquired.message, /^x: cannot acquire the lock: /);
+        assert.match(acquired.message, hint);
+        const probed = await locks.inspect("y").catch((e) => e);
+        assert.ok(probed instanceof RunlockError, String(probed));
+        assert.match(probed.message, hint);
+        const other = pgLocks(small.url);
+        const connected = await other.acquire("z").catch((e) => e);
+        await other.end();
+        assert.ok(connected instanceof RunlockError, String(connected));
+        assert.match(connected.message, /^z: cannot connect to PostgreSQL at /);
+        assert.match(connected.message, hint);
+      } finally {
+        await locks.end();
+        await filler.close();
+        small.stop();
       }
     },
   );

@@ -22,6 +22,23 @@ export function scrub(target: Target, text: string): string {
 }
 
 /**
+ * What the server (or the client) said: its message and SQLSTATE, then
+ * the server's DETAIL and HINT when it sent them (`out of shared memory
+ * (53200); hint: You might need to increase max_locks_per_transaction.`),
+ * on one line. The hint is often the fix.
+ */
+export function serverSaid(err: unknown): string {
+  const e = err as { detail?: unknown; hint?: unknown } | null;
+  const line = (v: unknown) =>
+    typeof v === "string" ? v.trim().replace(/\s*\n\s*/g, " ") : "";
+  const detail = line(e?.detail);
+  const hint = line(e?.hint);
+  return `${describe(err)}${detail ? `; detail: ${detail}` : ""}${
+    hint ? `; hint: ${hint}` : ""
+  }`;
+}
+
+/**
  * A RunlockError for a statement the server refused, saying what to do
  * where the cause is a setting or a privilege of the server's. `schema`,
  * when given, goes into the `runlock db-setup` command it suggests.
@@ -50,6 +67,7 @@ export function refused(
     : "got an error from";
   const state = sqlState(err);
   const message = describe(err);
+  const said = serverSaid(err);
   const setup = `\`runlock db-setup --db=URL${
     schema === undefined ? " [--schema=NAME]" : schemaArgument(schema)
   }\``;
@@ -91,7 +109,7 @@ export function refused(
     name,
     scrub(
       target,
-      `${name}: cannot ${action}: ${how} PostgreSQL at ${target.text}: ${message}${advice}`,
+      `${name}: cannot ${action}: ${how} PostgreSQL at ${target.text}: ${said}${advice}`,
     ),
     { cause: err },
   );
@@ -123,6 +141,7 @@ export function connectError(
   const code = (err as { code?: unknown } | null)?.code;
   const state = sqlState(err);
   const message = describe(err);
+  const said = serverSaid(err);
   const own = state === undefined
     ? String((err as { message?: unknown } | null)?.message ?? "")
     : "";
@@ -142,11 +161,11 @@ export function connectError(
     // not know idle_session_timeout, which runlock pins (the name is
     // quoted as it is in any language).
     : state === "42704" && message.includes('"idle_session_timeout"')
-    ? `the server is older than PostgreSQL 14, which runlock needs (${message})`
+    ? `the server is older than PostgreSQL 14, which runlock needs (${said})`
     : state === "53300"
     // too_many_connections: max_connections (less the reserved slots),
     // or a CONNECTION LIMIT of the role or the database, is reached.
-    ? `the server has no free connection (${message}): max_connections, or a ` +
+    ? `the server has no free connection (${said}): max_connections, or a ` +
       `CONNECTION LIMIT of the role or the database, is reached; ${
         purpose === "probe"
           ? "inspect needs a session of its own (one per pgLocks object, kept for later probes and scans)"
@@ -158,10 +177,10 @@ export function connectError(
         /unsupported startup parameter/i.test(message)
     // PgBouncer refuses the "options" runlock pins its settings with
     // (protocol_violation, its own English text).
-    ? `${message}: a connection pooler refused the session settings runlock ` +
+    ? `${said}: a connection pooler refused the session settings runlock ` +
       `sends at startup (options: -c ...); connect to the server itself (a ` +
       `lock is a session, which a pooler cannot promise)`
-    : message;
+    : said;
   return new RunlockError(
     name,
     scrub(
