@@ -2,12 +2,17 @@
 // password (whatever characters it holds, escaped or not, in the URL's user
 // part or its query, or in a string that is no URL at all), through the
 // library (message and stack), the CLI's --db= and RUNLOCK_DATABASE_URL
-// (stdout and stderr, --json too); and the server's hint kept in the
-// message made from its error. Real servers (one of them with a small lock
-// table) and real processes. Without PostgreSQL binaries (and no URL) the
-// tests skip with a loud message, except under CI=true, where that fails.
+// (stdout and stderr, --json too); the server's hint kept in the message
+// made from its error; and a server without TLS asked for TLS said in one
+// line, with no warning of the client's on stderr. Real servers (one of
+// them with TLS, one with a small lock table) and real processes. Without
+// PostgreSQL binaries (and no URL) the tests skip with a loud message,
+// except under CI=true, where that fails.
 import assert from "node:assert/strict";
 import { spawnSync } from "node:child_process";
+import { chmodSync, chownSync, mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
 import process from "node:process";
 import { after, before, describe, test } from "node:test";
 import { pgLocks, RunlockError } from "../src/postgres/mod.ts";
@@ -37,6 +42,7 @@ if (!hasServer) {
 }
 const cliTestable = hasServer && cliPgTestable("the CLI's --db secrets");
 const ownClusters = findPgBin() !== undefined;
+const hasOpenssl = spawnSync("openssl", ["version"]).status === 0;
 
 /**
  * Every secret below holds "Zq" between its special characters, so that
@@ -266,6 +272,137 @@ describe("PostgreSQL URL secrets and server advice", {
         await locks.end();
         await filler.close();
         small.stop();
+      }
+    },
+  );
+
+  test(
+    "sslmode=require (or prefer, or PGSSLMODE) against a server without TLS: one line saying so and what to do, and no warning of the client's on stderr",
+    {
+      skip: !cliTestable,
+    },
+    () => {
+      if (psql(cluster.url, "SHOW ssl") !== "off") return; // an outside server
+      const prefix =
+        `runlock: x: cannot connect to PostgreSQL at 127.0.0.1:${cluster.port}, database "postgres", user "postgres": ` +
+        `the server does not accept SSL (TLS) connections, which `;
+      const fix =
+        ": use sslmode=disable for a server without TLS, or enable ssl on the server\n";
+      const sep = cluster.url.includes("?") ? "&" : "?";
+      const require = cli(
+        "status",
+        `--db=${cluster.url}${sep}sslmode=require`,
+        "x",
+      );
+      assert.deepEqual(require, {
+        code: 2,
+        stdout: "",
+        stderr: `${prefix}sslmode=require in the URL asks for${fix}`,
+      });
+      const prefer = cli(
+        "status",
+        `--db=${cluster.url}${sep}sslmode=prefer`,
+        "x",
+      );
+      assert.equal(
+        prefer.stderr,
+        `${prefix}sslmode=prefer in the URL asks for (node-postgres reads prefer as require, with no fallback)${fix}`,
+      );
+      const env = cliEnv(
+        { PGSSLMODE: "require" },
+        "status",
+        `--db=${cluster.url}`,
+        "x",
+      );
+      assert.equal(env.stderr, `${prefix}PGSSLMODE=require asks for${fix}`);
+      // sslmode=disable connects.
+      const disable = cli(
+        "status",
+        `--db=${cluster.url}${sep}sslmode=disable`,
+        "x",
+      );
+      assert.deepEqual(disable, { code: 1, stdout: "free\n", stderr: "" });
+    },
+  );
+
+  test(
+    "against a server with TLS, sslmode=require still verifies its certificate (a self-signed one is refused, as with verify-full), with no warning; sslmode=no-verify connects over TLS",
+    {
+      skip: !ownClusters || !hasOpenssl
+        ? "needs PostgreSQL binaries and openssl"
+        : false,
+    },
+    async () => {
+      const dir = mkdtempSync(join(tmpdir(), "runlock-tls-"));
+      chmodSync(dir, 0o755);
+      const key = join(dir, "server.key");
+      const crt = join(dir, "server.crt");
+      const made = spawnSync("openssl", [
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        key,
+        "-out",
+        crt,
+        "-days",
+        "1",
+        "-subj",
+        "/CN=127.0.0.1",
+      ], { encoding: "utf8" });
+      assert.equal(made.status, 0, made.stderr);
+      chmodSync(key, 0o600);
+      // As root the cluster runs as the postgres user, which must own its key.
+      if (process.getuid?.() === 0) {
+        const id = (flag: string) =>
+          Number(
+            spawnSync("id", [flag, "postgres"], { encoding: "utf8" }).stdout,
+          );
+        chownSync(key, id("-u"), id("-g"));
+      }
+      const tls = await startCluster({
+        own: true,
+        conf: [
+          "ssl = on",
+          `ssl_cert_file = '${crt}'`,
+          `ssl_key_file = '${key}'`,
+        ],
+      });
+      try {
+        for (const mode of ["require", "verify-ca", "verify-full"]) {
+          const err = await failure(`${tls.url}?sslmode=${mode}`);
+          assert.ok(err instanceof RunlockError, String(err));
+          assert.match(err.message, /self-signed certificate/, mode);
+        }
+        const locks = pgLocks(`${tls.url}?sslmode=no-verify`);
+        try {
+          const lock = await locks.acquire("tls");
+          const { backendPid } = await locks.inspect("tls");
+          assert.equal(
+            psql(
+              tls.url,
+              `SELECT ssl FROM pg_stat_ssl WHERE pid = ${backendPid}`,
+            ),
+            "t",
+          );
+          await lock.release();
+        } finally {
+          await locks.end();
+        }
+        if (cliTestable) {
+          const r = cli("status", `--db=${tls.url}?sslmode=require`, "x");
+          assert.equal(r.code, 2);
+          assert.equal(r.stdout, "");
+          assert.match(
+            r.stderr,
+            /^runlock: x: cannot connect to PostgreSQL at .*: self-signed certificate \(DEPTH_ZERO_SELF_SIGNED_CERT\)\n$/,
+          );
+        }
+      } finally {
+        tls.stop();
+        rmSync(dir, { recursive: true, force: true });
       }
     },
   );

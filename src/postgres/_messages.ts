@@ -155,6 +155,18 @@ export function connectError(
     : state === undefined &&
         /^timeout expired$|due to connection timeout/.test(own)
     ? `no answer within ${options.connectTimeout} ms`
+    // node-postgres's text when the server answers "N" to its SSLRequest:
+    // the server has no TLS (ssl = off), and the URL or PGSSLMODE asks
+    // for it. (pg 8.x reads sslmode=prefer as require: no fallback.)
+    : state === undefined &&
+        own === "The server does not support SSL connections"
+    ? `the server does not accept SSL (TLS) connections, which ${
+      target.tls || "the client's settings"
+    } asks for${
+      /^(sslmode|PGSSLMODE)=prefer\b/.test(target.tls)
+        ? " (node-postgres reads prefer as require, with no fallback)"
+        : ""
+    }: use sslmode=disable for a server without TLS, or enable ssl on the server`
     : state === "28P01"
     ? "password authentication failed (check the password in the URL)"
     // undefined_object on a startup setting: PostgreSQL 13 and older do

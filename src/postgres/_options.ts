@@ -62,6 +62,12 @@ export interface Target {
    */
   secrets: string[];
   /**
+   * What asks the client for TLS (`sslmode=require in the URL`,
+   * `PGSSLMODE=require`), or "" when nothing does, for the message that
+   * says a server without TLS refused it.
+   */
+  tls: string;
+  /**
    * The URL to connect with: the caller's, less the query parameters that
    * would override runlock's pinned session settings (see `urlSettings`).
    */
@@ -272,9 +278,38 @@ export function parseUrl(url: unknown): Target {
   // it an ordinary session.
   const replication = u.searchParams.has("replication") ||
     (env.PGREPLICATION ?? "") !== "";
-  if (drop.length > 0 || replication) {
+  // What asks for TLS, as pg-connection-string and ConnectionParameters
+  // read it: sslmode (but disable), ssl, a certificate or a key, direct
+  // negotiation; without them, PGSSLMODE. Read before the sslmode of
+  // the URL to connect with is rewritten (below).
+  const last = (name: string) => q.getAll(name).at(-1) ?? "";
+  const tlsParam = ["sslmode", "ssl", "sslcert", "sslkey", "sslrootcert"]
+    .find((name) =>
+      last(name) !== "" &&
+      !(name === "sslmode" && last(name) === "disable") &&
+      // ssl=0 is off; any other value, "false" too, asks for TLS.
+      !(name === "ssl" && last(name) === "0")
+    ) ?? (last("sslnegotiation") === "direct" ? "sslnegotiation" : undefined);
+  const tls = tlsParam !== undefined
+    ? `${tlsParam}=${
+      /^ssl(mode|negotiation)?$/.test(tlsParam) ? last(tlsParam) : "..."
+    } in the URL`
+    : !q.has("sslmode") && !q.has("ssl") && env.PGSSLMODE &&
+        env.PGSSLMODE !== "disable"
+    ? `PGSSLMODE=${env.PGSSLMODE}`
+    : "";
+  // pg-connection-string 2.x warns (process.emitWarning, a dozen lines on
+  // stderr, once per process) for sslmode=prefer, require and verify-ca,
+  // which it treats as verify-full: each gives `ssl: {}`, as verify-full
+  // does, unless `uselibpqcompat=true` asks for libpq's meanings (and no
+  // warning). Asking for verify-full is the same TLS, without the warning.
+  const sslmode = u.searchParams.getAll("sslmode").at(-1);
+  const sslAlias = u.searchParams.getAll("uselibpqcompat").at(-1) !== "true" &&
+    (sslmode === "prefer" || sslmode === "require" || sslmode === "verify-ca");
+  if (drop.length > 0 || replication || sslAlias) {
     for (const name of drop) u.searchParams.delete(name);
     if (replication) u.searchParams.set("replication", "false");
+    if (sslAlias) u.searchParams.set("sslmode", "verify-full");
     connectUrl = u.toString();
     if (dummy) connectUrl = connectUrl.replace("@___DUMMY___/", "@/");
   }
@@ -299,6 +334,7 @@ export function parseUrl(url: unknown): Target {
       ...u.searchParams.getAll("password"),
       env.PGPASSWORD ?? "",
     ].filter((s) => s !== ""),
+    tls,
     connectUrl,
     settings,
   };
