@@ -129,10 +129,16 @@ export function connectError(
   purpose: "lock" | "probe" | "watch" = "lock",
 ): RunlockError {
   if (err instanceof ClientMissing) {
-    // Its cause's text (a registry's error) may name a URL too.
-    return new RunlockError(name, scrub(target, `${name}: ${err.message}`), {
-      cause: err,
-    });
+    // Its cause's text (a registry's error) may name a URL too; the rest
+    // is runlock's own (which names npm:pg@…, no password).
+    const cause = (err.cause as { message?: unknown } | null)?.message ??
+      err.cause;
+    const why = String(cause).split("\n")[0];
+    return new RunlockError(
+      name,
+      `${name}: ${err.message.replace(why, scrub(target, why))}`,
+      { cause: err },
+    );
   }
   // Decided on the error's code (a SQLSTATE, or Node's for a socket) and,
   // for errors of the client's own, on their fixed text; never on the
