@@ -385,6 +385,8 @@ const PG_ONE_NODE_TESTS = new Set([
   "postgres_settings_test.js",
   "postgres_stop_test.js",
   "postgres_wait_test.js",
+  "postgres_reconnect_test.js",
+  "postgres_failover_test.js",
   "postgres_identity_test.js",
   "postgres_chaos_test.js",
   "postgres_watch_test.js",
@@ -504,6 +506,8 @@ const COST: Record<string, number> = {
   "postgres_settings_test.js": 15,
   "postgres_stop_test.js": 15,
   "postgres_wait_test.js": 15,
+  "postgres_reconnect_test.js": 16,
+  "postgres_failover_test.js": 4,
   "postgres_identity_test.js": 15,
   "postgres_chaos_test.js": 15,
 };
