@@ -387,6 +387,8 @@ const PG_ONE_NODE_TESTS = new Set([
   "postgres_wait_test.js",
   "postgres_reconnect_test.js",
   "postgres_failover_test.js",
+  "postgres_secrets_test.js",
+  "postgres_pooler_sessions_test.js",
   "postgres_identity_test.js",
   "postgres_chaos_test.js",
   "postgres_watch_test.js",
@@ -508,6 +510,8 @@ const COST: Record<string, number> = {
   "postgres_wait_test.js": 15,
   "postgres_reconnect_test.js": 16,
   "postgres_failover_test.js": 4,
+  "postgres_secrets_test.js": 8,
+  "postgres_pooler_sessions_test.js": 4,
   "postgres_identity_test.js": 15,
   "postgres_chaos_test.js": 15,
 };
