@@ -1,16 +1,16 @@
 // What PgBouncer's settings do to server sessions, seen through runlock:
-// a session pooler that resets its server sessions (server_reset_query,
-// DISCARD ALL by default) serves one client after another; one that does
-// not reset them hands the next client a server session another runlock
-// client claimed, and that client is refused, never given a lock there;
-// through a transaction pooler, where acquires are refused, probes still
-// read who holds a lock. Needs PostgreSQL's binaries and PgBouncer
+// in session mode, with or without server_reset_query, one client after
+// another gets the lock (a lock session stays in a transaction, and
+// PgBouncer drops a server session its client left in one), and a
+// SIGKILLed holder's lock is free at once; through a transaction pooler,
+// where acquires are refused, probes still read who holds a lock. Needs PostgreSQL's binaries and PgBouncer
 // (skipped with the reason otherwise; under CI=true a missing PgBouncer
 // fails).
 import assert from "node:assert/strict";
 import process from "node:process";
 import { after, before, describe, test } from "node:test";
-import { pgLocks, PoolerError } from "../src/postgres/mod.ts";
+import { HeldError, pgLocks, PoolerError } from "../src/postgres/mod.ts";
+import { Child } from "./_helpers.ts";
 import {
   type Cluster,
   findPgBin,
@@ -78,12 +78,37 @@ describe("PgBouncer's server sessions", { skip: why !== undefined }, () => {
     ]);
   });
 
-  test("in session mode with server_reset_query empty, the next client is handed a server session another runlock client claimed, and is refused", async () => {
+  test("in session mode with server_reset_query empty, each client after another gets the lock: a lock session leaves its server session in a transaction, which PgBouncer drops with its client instead of handing it on", async () => {
     await using pooler = await bouncer("session", ["server_reset_query ="]);
     assert.deepEqual(await oneAfterTheOther(pooler, fresh()), [
       "fence 1",
-      "refused",
+      "fence 2",
     ]);
+  });
+
+  test("in session mode with server_reset_query empty, a SIGKILLed holder's lock is free at once: PgBouncer drops the server session its client left in a transaction", async () => {
+    // Room for the holder's probe session beside its lock session.
+    await using pooler = await bouncer("session", [
+      "server_reset_query =",
+      "default_pool_size = 4",
+    ]);
+    const name = fresh();
+    const holder = new Child("pg_child.ts", ["hold", pooler.url, name]);
+    try {
+      const acquired = await holder.next();
+      assert.equal(acquired.event, "acquired", JSON.stringify(acquired));
+      await using direct = pgLocks(cluster.url);
+      await assert.rejects(direct.acquire(name), HeldError);
+      await holder.kill("SIGKILL");
+      // Without this, PgBouncer would keep the lock's server session, and
+      // the lock, until its server_idle_timeout (600 s): the wait would
+      // end with HeldError.
+      const lock = await direct.acquire(name, { timeout: 30_000 });
+      assert.ok(lock.fence > BigInt(acquired.fence as string));
+      await lock.release();
+    } finally {
+      await holder.kill();
+    }
   });
 
   test("through a transaction-mode pooler acquires are refused, but inspect, held and scan read a lock held on a direct connection", async () => {

@@ -14,19 +14,27 @@
 // 1. it claims its server session: it sets the custom setting
 //    SESSION_SETTING to a random nonce, only if no client set one there
 //    before. A server session that has one already serves another runlock
-//    client (a transaction pooler that kept it after that client's
-//    statement; PgBouncer resets settings only at the end of a session,
-//    with server_reset_query): refused.
+//    client (a transaction pooler handed it on between that client's
+//    statements): refused, and the server session is marked shared
+//    (SHARED_SETTING), which its claimant finds at step 4.
 // 2. when the connection's BackendKeyData names another process than
 //    pg_backend_pid() (a pooler answered the startup, not the server),
-//    a second connection asks whether it is handed the same server
-//    session now that the first is idle: a transaction or statement
-//    pooler does that (PgBouncer reuses the last server session first),
-//    a session pooler never. If it is: refused (and the second connection
-//    clears the nonce it found, so that no server session keeps it).
+//    a second connection asks whether it is handed a server session a
+//    runlock client claimed: a transaction or statement pooler hands it
+//    the first one's, now idle (PgBouncer reuses the last server session
+//    first), a session pooler never (a claimed server session is in a
+//    transaction, or was dropped with its client: see step 4). If it is:
+//    refused (and a server session of another client's is marked shared).
 // 3. it sets runlock's session settings by statement, guarded by the
 //    nonce, and reads pg_backend_pid() again: a different number means its
 //    statements do not stay on one server session: refused.
+// 4. through a pooler, it opens a transaction on its server session (or is
+//    refused), and stays in one for as long as it lives: a pooler hands no
+//    server session in a transaction to another client, whatever its mode.
+//    Steps 1-3 are checks a pooler may pass by chance (a transaction pooler
+//    that happens to give the same server session back); step 4 makes
+//    what follows safe all the same: a lock is taken, held and released
+//    only inside it.
 // From then on every advisory lock function a lock session calls is
 // guarded by its nonce (`guarded`, _sql.ts), and the heartbeat asks
 // pg_locks whether this very server session still holds the key: a
@@ -36,23 +44,40 @@
 // moment two clients meet on one server session.
 import { PoolerError } from "./errors.ts";
 import { GUARD_MARK, guarded, SESSION_SETTING } from "./_sql.ts";
-import type { Session } from "./_session.ts";
+import { isGuardError, type Session } from "./_session.ts";
 
-/** A statement of binding, with its name for messages. */
+/**
+ * The setting a runlock client leaves on a server session it found
+ * claimed by another: proof that the pooler shares server sessions
+ * between clients, for the claimant to find before it opens its
+ * transaction (step 4).
+ */
+const SHARED_SETTING = "runlock.shared";
+
+/**
+ * Step 1: claims the server session ($1 the nonce) where no client did;
+ * where one did, marks it shared instead.
+ */
 const CLAIM = `WITH b AS MATERIALIZED (
     SELECT pg_catalog.current_setting('${SESSION_SETTING}', true) AS before
   ) SELECT b.before, pg_catalog.pg_backend_pid() AS backend,
     CASE WHEN COALESCE(b.before, '') OPERATOR(pg_catalog.=) ''
-      THEN pg_catalog.set_config('${SESSION_SETTING}', $1, false) END AS claimed
+      THEN pg_catalog.set_config('${SESSION_SETTING}', $1, false)
+      ELSE pg_catalog.set_config('${SHARED_SETTING}', 'yes', false) END AS set
   FROM b`;
 
-/** Asked on a second connection: is this the first one's server session? */
+/**
+ * Step 2, on a second connection: whether it reached the first one's
+ * server session ($1 its nonce), or one another client claimed (then
+ * marked shared). `same`: the nonce there, if any, is the first's.
+ */
 const SAME = `WITH b AS MATERIALIZED (
-    SELECT pg_catalog.current_setting('${SESSION_SETTING}', true)
-      OPERATOR(pg_catalog.=) $1 AS same
-  ) SELECT b.same,
-    CASE WHEN b.same THEN pg_catalog.set_config('${SESSION_SETTING}', '', false)
-    END AS cleared
+    SELECT pg_catalog.current_setting('${SESSION_SETTING}', true) AS nonce
+  ) SELECT b.nonce OPERATOR(pg_catalog.=) $1 AS same,
+    COALESCE(b.nonce, '') OPERATOR(pg_catalog.<>) '' AS claimed,
+    CASE WHEN COALESCE(b.nonce, '') OPERATOR(pg_catalog.<>) ''
+      AND b.nonce OPERATOR(pg_catalog.<>) $1
+      THEN pg_catalog.set_config('${SHARED_SETTING}', 'yes', false) END AS set
   FROM b`;
 
 /**
@@ -66,7 +91,7 @@ function settingsStatement(names: string[]): string {
   return `SELECT pg_catalog.pg_backend_pid() AS backend${
     sets.map((s) => `,\n    ${s}`).join("")
   }
-  FROM (SELECT ${guarded("true", "boolean", 1)} AS ok) g`;
+  FROM (SELECT ${guarded("true", "boolean", 1)} AS ok) g WHERE g.ok`;
 }
 
 /** A value as the startup "options" string wrote it, unescaped. */
@@ -160,7 +185,58 @@ async function bindOrRefuse(
     );
   }
   session.nonce = nonce;
+  if (session.backendPid !== backend) await pinTo(session, backend, context);
 }
+
+/**
+ * Step 4, through a pooler: opens a transaction and checks, in it, that it
+ * is the server session this client bound. A pooler never hands a server
+ * session in a transaction to another client, so from then on the
+ * session stays in one (every statement is followed by `COMMIT; BEGIN`,
+ * see `Session.pinned`), and no other client can run anything on its
+ * server session while it waits, holds or releases a lock; nor is any key
+ * taken before. A BEGIN that reached another server session is a pooler
+ * that moves a client's statements: refused.
+ */
+async function pinTo(
+  session: Session,
+  backend: number,
+  context: BindContext,
+): Promise<void> {
+  const { name, timeout } = context;
+  try {
+    await session.query("BEGIN", [], undefined, false, timeout);
+    const [row] = await session.query(
+      PIN_CHECK,
+      [session.nonce],
+      undefined,
+      false,
+      timeout,
+    );
+    if (row?.backend !== backend) throw new Error("another server session");
+    if (row?.shared === "yes") {
+      throw new PoolerError(
+        name,
+        "another runlock client was handed its server session between its " +
+          "statements (so server sessions are shared between clients)",
+      );
+    }
+  } catch (err) {
+    if (err instanceof PoolerError) throw err;
+    if (session.lost !== undefined && !isGuardError(err)) throw err;
+    throw new PoolerError(
+      name,
+      "its transaction began on another server session than its first statements ran on",
+      { cause: err },
+    );
+  }
+  session.pinned = true;
+}
+
+/** Run in step 4's transaction: pg_backend_pid(), on the bound session only. */
+const PIN_CHECK = `SELECT pg_catalog.pg_backend_pid() AS backend,
+    pg_catalog.current_setting('${SHARED_SETTING}', true) AS shared
+  FROM (SELECT ${guarded("true", "boolean", 1)} AS ok) g WHERE g.ok`;
 
 /**
  * How long step 2 may take. A transaction pooler hands the second
@@ -188,7 +264,7 @@ async function notShared(nonce: string, context: BindContext): Promise<void> {
       false,
       Math.min(context.timeout, SECOND_LOOK_MS),
     );
-    same = row?.same === true;
+    same = row?.claimed === true;
   } catch {
     // Nothing learned.
   } finally {
@@ -199,8 +275,8 @@ async function notShared(nonce: string, context: BindContext): Promise<void> {
   if (same) {
     throw new PoolerError(
       context.name,
-      "a second connection was handed the first one's server session while " +
-        "the first was idle (so server sessions are shared between clients)",
+      "a second connection was handed a server session a runlock client had " +
+        "claimed (so server sessions are shared between clients)",
     );
   }
 }

@@ -220,6 +220,15 @@ export class Session {
    * _sql.ts), passed to every guarded statement; "" until bound.
    */
   nonce = "";
+  /**
+   * Set once a lock session reached through a pooler opened the transaction
+   * it stays in (_bind.ts, step 4): each statement is then followed by
+   * `COMMIT; BEGIN` in one round trip, which commits what it wrote (or
+   * ends what its failure aborted) and opens the next transaction before
+   * the pooler sees the session idle, so that the pooler never hands its
+   * server session to another client.
+   */
+  pinned = false;
   /** Why the session ended, once it has. */
   #lost: string | undefined;
   #onLost: ((what: string) => void) | undefined;
@@ -376,9 +385,10 @@ export class Session {
           );
         }
         const sql = NO_LOAD_BALANCE + text;
-        return this.#client.query(
+        const sent = this.#client.query(
           named ? { name: named, text: sql, values } : { text: sql, values },
         );
+        return this.pinned ? this.#rechain(sent) : sent;
       });
       this.#tail = run.catch(() => {});
       return (await run).rows;
@@ -396,6 +406,27 @@ export class Session {
       this.#pending--;
       if (!background) letGo();
     }
+  }
+
+  /**
+   * A pinned session's statement, then `COMMIT; BEGIN` (see `pinned`):
+   * the statement's answer once its transaction has ended and the next
+   * begun. COMMIT of an aborted transaction rolls it back.
+   */
+  async #rechain(
+    sent: Promise<{ rows: Record<string, unknown>[] }>,
+  ): Promise<{ rows: Record<string, unknown>[] }> {
+    let failure: unknown;
+    let result: { rows: Record<string, unknown>[] } | undefined;
+    try {
+      result = await sent;
+    } catch (err) {
+      failure = err;
+    }
+    if (failure !== undefined && isSessionError(failure)) throw failure;
+    await this.#client.query({ text: `${NO_LOAD_BALANCE}COMMIT; BEGIN` });
+    if (failure !== undefined) throw failure;
+    return result!;
   }
 
   /**

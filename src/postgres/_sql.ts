@@ -124,14 +124,20 @@ export const GUARD_MARK = "runlock: not this client's server session";
  * another client (transaction or statement pooling, a load balancer) can
  * neither take, keep nor release a lock there. The ELSE arm is not a
  * constant (current_setting is stable), so the planner never evaluates it
- * early (manual §4.2.14).
+ * early (manual §4.2.14). A guard of a statement that calls no function
+ * with a key (pg_advisory_unlock_all, the owned check) is `true` in a
+ * one-row subquery the statement filters on (`WHERE g.ok`): a column
+ * nothing reads would be dropped by the planner, guard and all. The
+ * message says whether the session has another client's nonce or none,
+ * never the nonce.
  */
 export function guarded(expr: string, type: string, n: number): string {
   return `(CASE WHEN pg_catalog.current_setting('${SESSION_SETTING}', true)
       OPERATOR(pg_catalog.=) $${n}::pg_catalog.text THEN ${expr}
-    ELSE ('${GUARD_MARK.replaceAll("'", "''")}: '
-      OPERATOR(pg_catalog.||) COALESCE(
-        pg_catalog.current_setting('${SESSION_SETTING}', true), 'none'))::${type}
+    ELSE ('${GUARD_MARK.replaceAll("'", "''")} (its nonce is '
+      OPERATOR(pg_catalog.||) CASE WHEN COALESCE(
+        pg_catalog.current_setting('${SESSION_SETTING}', true), '')
+        OPERATOR(pg_catalog.=) '' THEN 'not set)' ELSE 'another)' END)::${type}
     END)`;
 }
 
@@ -361,7 +367,7 @@ export function statements(schema: string): Statements {
         RETURNING 1
       ) SELECT pg_catalog.pg_advisory_unlock_all(),
         (SELECT pg_catalog.count(*) FROM mark)::integer AS marked
-      FROM (SELECT ${guarded("true", "boolean", 3)} AS ok) g`,
+      FROM (SELECT ${guarded("true", "boolean", 3)} AS ok) g WHERE g.ok`,
 
     // After a failed acquire statement. Session-level advisory locks are
     // NOT released when the transaction that took them rolls back
@@ -370,7 +376,7 @@ export function statements(schema: string): Statements {
     // it and must drop it before it is reused. $1 the session's nonce: only
     // the session this client bound drops anything.
     unlockAll: `SELECT pg_catalog.pg_advisory_unlock_all()
-      FROM (SELECT ${guarded("true", "boolean", 1)} AS ok) g`,
+      FROM (SELECT ${guarded("true", "boolean", 1)} AS ok) g WHERE g.ok`,
 
     // The read-only probe: the record for the name, any record of another
     // name with the same key (a collision), and who holds the key right now
@@ -498,7 +504,7 @@ export function statements(schema: string): Statements {
           AND objid OPERATOR(pg_catalog.=) $2::pg_catalog.oid
           AND objsubid OPERATOR(pg_catalog.=) 1
       ) AS owned
-      FROM (SELECT ${guarded("true", "boolean", 3)} AS ok) g`,
+      FROM (SELECT ${guarded("true", "boolean", 3)} AS ok) g WHERE g.ok`,
   };
 }
 

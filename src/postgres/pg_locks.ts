@@ -198,6 +198,10 @@ class PgLocksImpl implements PgLocks, AcquireHost, LockOwner {
           // The server's bound on a silent lock session (behind a TCP
           // proxy, see PgLocksOptions), on lock sessions only.
           idle_session_timeout: String(this.#options.idleSessionTimeout),
+          // A lock session reached through a pooler stays in a transaction.
+          idle_in_transaction_session_timeout: String(
+            this.#options.idleSessionTimeout,
+          ),
         },
         timeout: this.statementTimeout,
         open: (limit) =>
