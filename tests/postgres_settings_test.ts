@@ -885,6 +885,22 @@ describe("postgres backend on non-default server, role and database settings", {
     assert.ok(next.fence > lock.fence);
   });
 
+  test("a role whose defaults set runlock's own settings (runlock.session, runlock.shared) still takes, inspects and releases locks: a new session is no client's, whatever the role says", async () => {
+    const user = "rl_claimed";
+    const u = role(user, [
+      "\"runlock.session\" = 'someone'",
+      "\"runlock.shared\" = 'yes'",
+    ]);
+    assert.equal(psql(u, "SHOW runlock.session"), "someone");
+    const name = unique("claimed");
+    await using locks = pgLocks(u, { schema: user });
+    const lock = await locks.acquire(name);
+    assert.equal((await locks.inspect(name)).state, "held");
+    await lock.release();
+    await using next = await locks.acquire(name);
+    assert.ok(next.fence > lock.fence);
+  });
+
   // Case 10: no free connection.
   test("at max_connections, acquire and inspect fail with a RunlockError saying the server has no free connection and that each needs a session of its own", async () => {
     const schema = "rl_full";

@@ -43,16 +43,13 @@
 // 1-3 make the refusal come at the first acquire rather than at the first
 // moment two clients meet on one server session.
 import { PoolerError } from "./errors.ts";
-import { GUARD_MARK, guarded, SESSION_SETTING } from "./_sql.ts";
+import {
+  GUARD_MARK,
+  guarded,
+  SESSION_SETTING,
+  SHARED_SETTING,
+} from "./_sql.ts";
 import { isGuardError, type Session } from "./_session.ts";
-
-/**
- * The setting a runlock client leaves on a server session it found
- * claimed by another: proof that the pooler shares server sessions
- * between clients, for the claimant to find before it opens its
- * transaction (step 4).
- */
-const SHARED_SETTING = "runlock.shared";
 
 /**
  * Step 1: claims the server session ($1 the nonce) where no client did;
@@ -150,8 +147,10 @@ async function bindOrRefuse(
   if (typeof before === "string" && before !== "") {
     throw new PoolerError(
       name,
-      "the server session it was given is already bound to another runlock " +
-        "client (so server sessions are shared between clients)",
+      `the server session it was given is already bound to another runlock ` +
+        `client (so server sessions are shared between clients), or a role ` +
+        `or database default sets ${SESSION_SETTING} (ALTER ROLE … SET), ` +
+        `which a pooler that refuses startup options lets through`,
     );
   }
   const backend = claim?.backend as number;

@@ -111,6 +111,14 @@ export function optionValue(value: string): string {
  */
 export const SESSION_SETTING = "runlock.session";
 
+/**
+ * The setting a runlock client leaves on a server session it found
+ * claimed by another: proof that the pooler shares server sessions
+ * between clients, for the claimant to find before it opens its
+ * transaction (_bind.ts, step 4).
+ */
+export const SHARED_SETTING = "runlock.shared";
+
 /** Begins the message of a statement that reached another server session. */
 export const GUARD_MARK = "runlock: not this client's server session";
 

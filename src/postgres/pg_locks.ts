@@ -31,7 +31,13 @@ import {
 } from "./_scan.ts";
 import { createTable } from "./_schema.ts";
 import { Session, type SessionConfig, sqlState } from "./_session.ts";
-import { sessionSettings, type Statements, statements } from "./_sql.ts";
+import {
+  SESSION_SETTING,
+  sessionSettings,
+  SHARED_SETTING,
+  type Statements,
+  statements,
+} from "./_sql.ts";
 import { KeyCollisionError } from "./errors.ts";
 import { watchLocks } from "./_watch.ts";
 import type {
@@ -95,7 +101,14 @@ class PgLocksImpl implements PgLocks, AcquireHost, LockOwner {
       // The settings pinned in the startup packet, which win over the
       // role's, the database's, the server's and the URL's (sent after
       // the URL's own `options`; see _sql.ts and _options.ts).
-      settings: { ...this.#target.settings, ...this.#pinned },
+      settings: {
+        ...this.#target.settings,
+        ...this.#pinned,
+        // Whatever a role or database default says, a new session is no
+        // client's yet (_bind.ts).
+        [SESSION_SETTING]: "",
+        [SHARED_SETTING]: "",
+      },
     };
   }
 
