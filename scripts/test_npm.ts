@@ -16,9 +16,9 @@
 //    Each step's output is kept and printed whole when the step ends, under
 //    a line naming it, so that the log reads one step at a time;
 // 3. the tests that must not run beside the suites, after them (ALONE):
-//    the PostgreSQL host-loss test (a race between the holder's signal and
-//    the server's release that a loaded machine could decide the wrong way)
-//    and the error injection test (strace, each run with a deadline;
+//    the PostgreSQL host-loss test and the poolers' test (races between a
+//    holder's signal and the server's release, through a cut link, that a
+//    loaded machine could decide the wrong way) and the error injection test (strace, each run with a deadline;
 //    CPU-bound), one runtime after another.
 //
 // The CommonJS entry points are the very same compiled code as the ESM
@@ -389,6 +389,7 @@ const PG_ONE_NODE_TESTS = new Set([
   "postgres_failover_test.js",
   "postgres_secrets_test.js",
   "postgres_pooler_sessions_test.js",
+  "postgres_poolers_test.js",
   "postgres_identity_test.js",
   "postgres_chaos_test.js",
   "postgres_watch_test.js",
@@ -396,7 +397,11 @@ const PG_ONE_NODE_TESTS = new Set([
 ]);
 // The tests that run after the suites, not beside them (see the header).
 // inject_test skips itself in the CommonJS copy (once per runtime).
-const ALONE = new Set(["postgres_netns_test.js", "inject_test.js"]);
+const ALONE = new Set([
+  "postgres_netns_test.js",
+  "postgres_poolers_test.js",
+  "inject_test.js",
+]);
 // The CommonJS subset, on every Node version and on Bun (see the header):
 // each part of the CommonJS bundles that differs from the ESM ones
 // (createRequire of koffi or bun:ffi from import.meta.url defined as
@@ -512,6 +517,7 @@ const COST: Record<string, number> = {
   "postgres_failover_test.js": 4,
   "postgres_secrets_test.js": 8,
   "postgres_pooler_sessions_test.js": 4,
+  "postgres_poolers_test.js": 40,
   "postgres_identity_test.js": 15,
   "postgres_chaos_test.js": 15,
 };
