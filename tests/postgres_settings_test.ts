@@ -885,12 +885,9 @@ describe("postgres backend on non-default server, role and database settings", {
     assert.ok(next.fence > lock.fence);
   });
 
-  test("a role whose defaults set runlock's own settings (runlock.session, runlock.shared) still takes, inspects and releases locks: a new session is no client's, whatever the role says", async () => {
+  test("a role whose default sets runlock's own setting (runlock.session) still takes, inspects and releases locks: a new session is no client's, whatever the role says", async () => {
     const user = "rl_claimed";
-    const u = role(user, [
-      "\"runlock.session\" = 'someone'",
-      "\"runlock.shared\" = 'yes'",
-    ]);
+    const u = role(user, ["\"runlock.session\" = 'someone'"]);
     assert.equal(psql(u, "SHOW runlock.session"), "someone");
     const name = unique("claimed");
     await using locks = pgLocks(u, { schema: user });

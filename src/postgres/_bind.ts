@@ -11,84 +11,61 @@
 // the same lock again (advisory locks are reentrant within a session).
 //
 // So each lock session is bound, once, right after it connects:
-// 1. it claims its server session: it sets the custom setting
-//    SESSION_SETTING to a random nonce, only if no client set one there
-//    before. A server session that has one already serves another runlock
-//    client (a transaction pooler handed it on between that client's
-//    statements): refused, and the server session is marked shared
-//    (SHARED_SETTING), which its claimant finds at step 4.
-// 2. when the connection's BackendKeyData names another process than
-//    pg_backend_pid() (a pooler answered the startup, not the server),
-//    a second connection asks whether it is handed a server session a
-//    runlock client claimed: a transaction or statement pooler hands it
-//    the first one's, now idle (PgBouncer reuses the last server session
-//    first), a session pooler never (a claimed server session is in a
-//    transaction, or was dropped with its client: see step 4). If it is:
-//    refused (and a server session of another client's is marked shared).
-// 3. it sets runlock's session settings by statement, guarded by the
-//    nonce, and reads pg_backend_pid() again: a different number means its
-//    statements do not stay on one server session: refused.
-// 4. through a pooler, it opens a transaction on its server session (or is
-//    refused), and stays in one for as long as it lives: a pooler hands no
-//    server session in a transaction to another client, whatever its mode.
-//    Steps 1-3 are checks a pooler may pass by chance (a transaction pooler
-//    that happens to give the same server session back); step 4 makes
-//    what follows safe all the same: a lock is taken, held and released
-//    only inside it.
-// From then on every advisory lock function a lock session calls is
-// guarded by its nonce (`guarded`, _sql.ts), and the heartbeat asks
-// pg_locks whether this very server session still holds the key: a
-// statement a pooler sends elsewhere fails, and can neither take, keep nor
-// release a lock on another client's server session. The checks of steps
-// 1-3 make the refusal come at the first acquire rather than at the first
-// moment two clients meet on one server session.
+// 1. it reads pg_backend_pid(). When the connection's BackendKeyData
+//    names another process (a pooler answered the startup, not the
+//    server), the session is pooled, and:
+//    a. a second connection reads pg_backend_pid() too, while the first
+//       is idle: a transaction or statement pooler hands it the first
+//       one's server session (PgBouncer reuses the last one first), a
+//       session pooler never. The same number: refused.
+//    b. it opens a transaction, and stays in one for as long as it lives
+//       (`Session.pinned`: each statement is followed by COMMIT AND CHAIN,
+//       or ROLLBACK AND CHAIN after a failure, in one statement): a pooler
+//       hands no server session in a transaction to another client,
+//       whatever its mode, and drops (or resets) one whose client left it
+//       in a transaction, with whatever that session held.
+// 2. it claims its server session: it sets the custom setting
+//    SESSION_SETTING to a random nonce, and runlock's session settings,
+//    only if no client claimed it before; in the same statement it reads
+//    pg_backend_pid() again. A server session claimed before serves
+//    another runlock client, and a different number means its statements
+//    do not stay on one server session: both refused. Through a pooler
+//    the claim is inside step 1b's transaction: a client that dies or is
+//    refused before it is committed leaves no claim behind.
+// Step 1a is a check a pooler may pass by chance (under load, a
+// transaction pooler may give the second connection another server
+// session); step 1b makes what follows safe all the same: a lock is taken,
+// held and released only inside the transaction. Every advisory lock
+// function a lock session calls is also guarded by its nonce (`guarded`,
+// _sql.ts), and the heartbeat asks pg_locks whether this very server
+// session still holds the key: a statement that reaches another server
+// session fails, and can neither take, keep nor release a lock there.
 import { PoolerError } from "./errors.ts";
-import {
-  GUARD_MARK,
-  guarded,
-  SESSION_SETTING,
-  SHARED_SETTING,
-} from "./_sql.ts";
-import { isGuardError, type Session } from "./_session.ts";
+import { SESSION_SETTING } from "./_sql.ts";
+import type { Session } from "./_session.ts";
+
+/** Step 1, and 1a on the second connection. */
+const BACKEND = "SELECT pg_catalog.pg_backend_pid() AS backend";
 
 /**
- * Step 1: claims the server session ($1 the nonce) where no client did;
- * where one did, marks it shared instead.
+ * Step 2: claims the server session ($1 the nonce) and sets `names` ($2
+ * on, one value each) where no client claimed it before; reads
+ * pg_backend_pid() again.
  */
-const CLAIM = `WITH b AS MATERIALIZED (
+function claimStatement(names: string[]): string {
+  const set = (name: string, value: string) =>
+    `CASE WHEN COALESCE(b.before, '') OPERATOR(pg_catalog.=) ''
+      THEN pg_catalog.set_config('${
+      name.replaceAll("'", "''")
+    }', ${value}, false)
+    END`;
+  return `WITH b AS MATERIALIZED (
     SELECT pg_catalog.current_setting('${SESSION_SETTING}', true) AS before
   ) SELECT b.before, pg_catalog.pg_backend_pid() AS backend,
-    CASE WHEN COALESCE(b.before, '') OPERATOR(pg_catalog.=) ''
-      THEN pg_catalog.set_config('${SESSION_SETTING}', $1, false)
-      ELSE pg_catalog.set_config('${SHARED_SETTING}', 'yes', false) END AS set
-  FROM b`;
-
-/**
- * Step 2, on a second connection: whether it reached the first one's
- * server session ($1 its nonce), or one another client claimed (then
- * marked shared). `same`: the nonce there, if any, is the first's.
- */
-const SAME = `WITH b AS MATERIALIZED (
-    SELECT pg_catalog.current_setting('${SESSION_SETTING}', true) AS nonce
-  ) SELECT b.nonce OPERATOR(pg_catalog.=) $1 AS same,
-    COALESCE(b.nonce, '') OPERATOR(pg_catalog.<>) '' AS claimed,
-    CASE WHEN COALESCE(b.nonce, '') OPERATOR(pg_catalog.<>) ''
-      AND b.nonce OPERATOR(pg_catalog.<>) $1
-      THEN pg_catalog.set_config('${SHARED_SETTING}', 'yes', false) END AS set
-  FROM b`;
-
-/**
- * The statement that sets `names` on the bound session ($1 the nonce,
- * then one value each) and reads pg_backend_pid() again.
- */
-function settingsStatement(names: string[]): string {
-  const sets = names.map((name, i) =>
-    `pg_catalog.set_config('${name.replaceAll("'", "''")}', $${i + 2}, false)`
-  );
-  return `SELECT pg_catalog.pg_backend_pid() AS backend${
-    sets.map((s) => `,\n    ${s}`).join("")
+    ${set(SESSION_SETTING, "$1")} AS claimed${
+    names.map((name, i) => `,\n    ${set(name, `$${i + 2}`)}`).join("")
   }
-  FROM (SELECT ${guarded("true", "boolean", 1)} AS ok) g WHERE g.ok`;
+  FROM b`;
 }
 
 /** A value as the startup "options" string wrote it, unescaped. */
@@ -110,7 +87,7 @@ export interface BindContext {
   settings: Record<string, string>;
   /** Milliseconds a short statement may take. */
   timeout: number;
-  /** Opens a second session through the same URL (for step 2). */
+  /** Opens a second session through the same URL (for step 1a). */
   open(signal: AbortSignal): Promise<Session>;
 }
 
@@ -135,10 +112,35 @@ async function bindOrRefuse(
   context: BindContext,
 ): Promise<void> {
   const { name, timeout } = context;
+  const [first] = await session.query(
+    BACKEND,
+    [],
+    undefined,
+    false,
+    timeout,
+  );
+  const backend = first?.backend as number;
+  if (session.backendPid !== backend) {
+    await notShared(backend, context);
+    try {
+      await session.query("BEGIN", [], undefined, false, timeout);
+    } catch (err) {
+      // PgBouncer in statement mode: "transaction blocks not allowed".
+      throw new PoolerError(
+        name,
+        `the pooler refused to open a transaction (${
+          String((err as Error)?.message ?? err).split("\n")[0]
+        })`,
+        { cause: err },
+      );
+    }
+    session.pinned = true;
+  }
   const nonce = newNonce();
+  const names = Object.keys(context.settings);
   const [claim] = await session.query(
-    CLAIM,
-    [nonce],
+    claimStatement(names),
+    [nonce, ...names.map((n) => unescape(context.settings[n]))],
     undefined,
     false,
     timeout,
@@ -153,92 +155,19 @@ async function bindOrRefuse(
         `which a pooler that refuses startup options lets through`,
     );
   }
-  const backend = claim?.backend as number;
-  if (session.backendPid !== backend) await notShared(nonce, context);
-  const names = Object.keys(context.settings);
-  let set: Record<string, unknown> | undefined;
-  try {
-    [set] = await session.query(
-      settingsStatement(names),
-      [nonce, ...names.map((n) => unescape(context.settings[n]))],
-      undefined,
-      false,
-      timeout,
-    );
-  } catch (err) {
-    if (String((err as Error)?.message).includes(GUARD_MARK)) {
-      throw new PoolerError(
-        name,
-        "its second statement ran on another server session than its first",
-        { cause: err },
-      );
-    }
-    throw err;
-  }
-  if (set?.backend !== backend) {
+  if (claim?.backend !== backend) {
     throw new PoolerError(
       name,
       `its statements ran on two server sessions (pg_backend_pid() ${backend}, then ${
-        String(set?.backend)
+        String(claim?.backend)
       })`,
     );
   }
   session.nonce = nonce;
-  if (session.backendPid !== backend) await pinTo(session, backend, context);
 }
 
 /**
- * Step 4, through a pooler: opens a transaction and checks, in it, that it
- * is the server session this client bound. A pooler never hands a server
- * session in a transaction to another client, so from then on the
- * session stays in one (every statement is followed by `COMMIT; BEGIN`,
- * see `Session.pinned`), and no other client can run anything on its
- * server session while it waits, holds or releases a lock; nor is any key
- * taken before. A BEGIN that reached another server session is a pooler
- * that moves a client's statements: refused.
- */
-async function pinTo(
-  session: Session,
-  backend: number,
-  context: BindContext,
-): Promise<void> {
-  const { name, timeout } = context;
-  try {
-    await session.query("BEGIN", [], undefined, false, timeout);
-    const [row] = await session.query(
-      PIN_CHECK,
-      [session.nonce],
-      undefined,
-      false,
-      timeout,
-    );
-    if (row?.backend !== backend) throw new Error("another server session");
-    if (row?.shared === "yes") {
-      throw new PoolerError(
-        name,
-        "another runlock client was handed its server session between its " +
-          "statements (so server sessions are shared between clients)",
-      );
-    }
-  } catch (err) {
-    if (err instanceof PoolerError) throw err;
-    if (session.lost !== undefined && !isGuardError(err)) throw err;
-    throw new PoolerError(
-      name,
-      "its transaction began on another server session than its first statements ran on",
-      { cause: err },
-    );
-  }
-  session.pinned = true;
-}
-
-/** Run in step 4's transaction: pg_backend_pid(), on the bound session only. */
-const PIN_CHECK = `SELECT pg_catalog.pg_backend_pid() AS backend,
-    pg_catalog.current_setting('${SHARED_SETTING}', true) AS shared
-  FROM (SELECT ${guarded("true", "boolean", 1)} AS ok) g WHERE g.ok`;
-
-/**
- * How long step 2 may take. A transaction pooler hands the second
+ * How long step 1a may take. A transaction pooler hands the second
  * connection the first one's idle server session at once; a session
  * pooler whose pool is full makes it wait for a free one, which says
  * nothing against the first, and must not hold up the acquire.
@@ -246,24 +175,28 @@ const PIN_CHECK = `SELECT pg_catalog.pg_backend_pid() AS backend,
 const SECOND_LOOK_MS = 1_000;
 
 /**
- * Step 2: through a pooler, a second connection must not be handed the
- * first one's server session while the first is idle. A second connection
- * that fails, or gets no server session within SECOND_LOOK_MS, says
- * nothing against the first.
+ * Step 1a: through a pooler, a second connection must not be handed the
+ * first one's server session (`backend`) while the first is idle. A
+ * second connection that fails, or gets no server session within
+ * SECOND_LOOK_MS, says nothing against the first. Neither changes
+ * anything on the server.
  */
-async function notShared(nonce: string, context: BindContext): Promise<void> {
+async function notShared(
+  backend: number,
+  context: BindContext,
+): Promise<void> {
   let second: Session | undefined;
   let same = false;
   try {
     second = await context.open(AbortSignal.timeout(SECOND_LOOK_MS));
     const [row] = await second.query(
-      SAME,
-      [nonce],
+      BACKEND,
+      [],
       undefined,
       false,
       Math.min(context.timeout, SECOND_LOOK_MS),
     );
-    same = row?.claimed === true;
+    same = row?.backend === backend;
   } catch {
     // Nothing learned.
   } finally {
@@ -274,8 +207,8 @@ async function notShared(nonce: string, context: BindContext): Promise<void> {
   if (same) {
     throw new PoolerError(
       context.name,
-      "a second connection was handed a server session a runlock client had " +
-        "claimed (so server sessions are shared between clients)",
+      "a second connection was handed the first one's server session while " +
+        "the first was idle (so server sessions are shared between clients)",
     );
   }
 }

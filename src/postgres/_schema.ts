@@ -47,16 +47,16 @@ export async function createTable(
   const schemaExists = rows[0].schema === true;
   try {
     // DDL may wait for a concurrent creator's transaction: more time.
-    await session.query(
-      schemaExists ? sql.ensureTable : sql.ensureSchemaAndTable,
-      [],
-      undefined,
-      false,
-      3 * timeout,
-    );
+    // A pinned session (_bind.ts) is in a transaction already, and must
+    // stay in it: the DDL without its own BEGIN and COMMIT.
+    const ddl = session.pinned
+      ? (schemaExists ? sql.ensureTableIn : sql.ensureSchemaAndTableIn)
+      : (schemaExists ? sql.ensureTable : sql.ensureSchemaAndTable);
+    await session.query(ddl, [], undefined, false, 3 * timeout);
   } catch (err) {
-    // A multi-statement string stops at the error, inside BEGIN.
-    await session.query("ROLLBACK").catch(() => {});
+    // A multi-statement string stops at the error, inside BEGIN (a pinned
+    // session rolled back already, and begun anew).
+    if (!session.pinned) await session.query("ROLLBACK").catch(() => {});
     if (sqlState(err) !== "42501") throw err;
     // insufficient_privilege: say who needs which grant. If even this
     // question fails, the server's own error is the best we have.

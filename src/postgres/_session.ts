@@ -222,10 +222,10 @@ export class Session {
   nonce = "";
   /**
    * Set once a lock session reached through a pooler opened the transaction
-   * it stays in (_bind.ts, step 4): each statement is then followed by
-   * `COMMIT; BEGIN` in one round trip, which commits what it wrote (or
-   * ends what its failure aborted) and opens the next transaction before
-   * the pooler sees the session idle, so that the pooler never hands its
+   * it stays in (_bind.ts, step 1b): each statement is then followed by
+   * COMMIT AND CHAIN (ROLLBACK AND CHAIN after a failure), which ends its
+   * transaction and begins the next in one statement, so that the pooler
+   * never sees the session outside a transaction and never hands its
    * server session to another client.
    */
   pinned = false;
@@ -409,9 +409,12 @@ export class Session {
   }
 
   /**
-   * A pinned session's statement, then `COMMIT; BEGIN` (see `pinned`):
-   * the statement's answer once its transaction has ended and the next
-   * begun. COMMIT of an aborted transaction rolls it back.
+   * A pinned session's statement, then the end of its transaction and the
+   * start of the next in one statement (see `pinned`): COMMIT AND CHAIN
+   * after an answer, ROLLBACK AND CHAIN after a failure. Its answer comes
+   * once that is done. If that statement fails too, the session's state is
+   * unknown: it is lost (closing it, the pooler drops or resets the server
+   * session its client left in a transaction, and whatever it held).
    */
   async #rechain(
     sent: Promise<{ rows: Record<string, unknown>[] }>,
@@ -424,7 +427,16 @@ export class Session {
       failure = err;
     }
     if (failure !== undefined && isSessionError(failure)) throw failure;
-    await this.#client.query({ text: `${NO_LOAD_BALANCE}COMMIT; BEGIN` });
+    try {
+      await this.#client.query({
+        text: `${NO_LOAD_BALANCE}${
+          failure === undefined ? "COMMIT" : "ROLLBACK"
+        } AND CHAIN`,
+      });
+    } catch (err) {
+      this.#lose(`ended: its transaction could not go on (${describe(err)})`);
+      throw failure ?? err;
+    }
     if (failure !== undefined) throw failure;
     return result!;
   }

@@ -111,14 +111,6 @@ export function optionValue(value: string): string {
  */
 export const SESSION_SETTING = "runlock.session";
 
-/**
- * The setting a runlock client leaves on a server session it found
- * claimed by another: proof that the pooler shares server sessions
- * between clients, for the claimant to find before it opens its
- * transaction (_bind.ts, step 4).
- */
-export const SHARED_SETTING = "runlock.shared";
-
 /** Begins the message of a statement that reached another server session. */
 export const GUARD_MARK = "runlock: not this client's server session";
 
@@ -163,6 +155,8 @@ export interface Statements {
   identity: string;
   ensureTable: string;
   ensureSchemaAndTable: string;
+  ensureTableIn: string;
+  ensureSchemaAndTableIn: string;
   tryAcquire: string;
   waitAcquire: string;
   release: string;
@@ -275,11 +269,13 @@ export function grantStatements(schema: string, role: string): string[] {
 /** Builds the statements for the table `schema.runlock_locks`. */
 export function statements(schema: string): Statements {
   const table = tableName(schema);
+  const ddlIn = (withSchema: boolean) =>
+    `SELECT pg_catalog.pg_advisory_xact_lock(1920298604, 1);
+      ${withSchema ? `CREATE SCHEMA IF NOT EXISTS ${quoteIdent(schema)};` : ""}
+      ${tableDefinition(table)}`;
   const ddl = (withSchema: boolean) =>
     `BEGIN;
-      SELECT pg_catalog.pg_advisory_xact_lock(1920298604, 1);
-      ${withSchema ? `CREATE SCHEMA IF NOT EXISTS ${quoteIdent(schema)};` : ""}
-      ${tableDefinition(table)};
+      ${ddlIn(withSchema)};
       COMMIT`;
   return {
     table,
@@ -326,6 +322,10 @@ export function statements(schema: string): Statements {
     //                stale, never held.
     ensureTable: ddl(false),
     ensureSchemaAndTable: ddl(true),
+    // The same inside a transaction the session is in already (a lock
+    // session through a pooler, _bind.ts), which commits it.
+    ensureTableIn: ddlIn(false),
+    ensureSchemaAndTableIn: ddlIn(true),
 
     // The fast path, one round trip: take the advisory lock without
     // waiting and, only if that worked, write the record. Zero rows means

@@ -34,7 +34,6 @@ import { Session, type SessionConfig, sqlState } from "./_session.ts";
 import {
   SESSION_SETTING,
   sessionSettings,
-  SHARED_SETTING,
   type Statements,
   statements,
 } from "./_sql.ts";
@@ -107,7 +106,6 @@ class PgLocksImpl implements PgLocks, AcquireHost, LockOwner {
         // Whatever a role or database default says, a new session is no
         // client's yet (_bind.ts).
         [SESSION_SETTING]: "",
-        [SHARED_SETTING]: "",
       },
     };
   }
