@@ -30,12 +30,19 @@
 import { process } from "./_process.ts";
 import { redact } from "./_redact.ts";
 import { EX_USAGE, HelpWanted, UsageError } from "./cli/_args.ts";
-import { type Command, commandHelp, help, usage } from "./cli/_help.ts";
+import {
+  type Command,
+  commandHelp,
+  commandUsage,
+  help,
+  usage,
+} from "./cli/_help.ts";
 import { type CliIo, stdio } from "./cli/_io.ts";
 import { dbSetupCommand } from "./cli/db_setup.ts";
 import { lsCommand } from "./cli/ls.ts";
 import { runCommand } from "./cli/run.ts";
 import { statusCommand } from "./cli/status.ts";
+import { nearest } from "./cli/_suggest.ts";
 import { waitCommand } from "./cli/wait.ts";
 import { VERSION } from "./version.ts";
 
@@ -98,7 +105,7 @@ export async function main(args: string[], io: CliIo = stdio): Promise<number> {
         // `nosuch` is.
         const about = COMMANDS.find((c) => c.name === rest[0]);
         if (command === "help" && rest[0] !== undefined && !about) {
-          throw new UsageError(`unknown command '${redact(rest[0])}'`);
+          throw unknownCommand(rest[0]);
         }
         io.out(about ? commandHelp(about) : help(COMMANDS));
         return 0;
@@ -124,7 +131,7 @@ export async function main(args: string[], io: CliIo = stdio): Promise<number> {
         }
         // `runlock postgres://app:pw@db/app status k`: quoted without the
         // password.
-        throw new UsageError(`unknown command '${redact(command)}'`);
+        throw unknownCommand(command);
     }
   } catch (err) {
     if (err instanceof HelpWanted && found) {
@@ -132,12 +139,29 @@ export async function main(args: string[], io: CliIo = stdio): Promise<number> {
       return 0;
     }
     if (err instanceof UsageError) {
-      io.err(`runlock: ${err.message}\n${usage(COMMANDS)}`);
+      // A mistake in a command: that command's usage, not every command's.
+      io.err(
+        `runlock: ${err.message}\n${
+          found ? commandUsage(found) : usage(COMMANDS)
+        }`,
+      );
       return EX_USAGE;
     }
     io.err(`runlock: ${err instanceof Error ? err.message : String(err)}`);
     return 2;
   }
+}
+
+/**
+ * The usage error of a word that is no command, with the command it was
+ * probably meant to be (`stauts`: "did you mean 'status'?").
+ */
+function unknownCommand(word: string): UsageError {
+  const meant = nearest(word, COMMANDS.map((c) => c.name));
+  return new UsageError(
+    `unknown command '${redact(word)}'` +
+      (meant ? `; did you mean '${meant}'?` : ""),
+  );
 }
 
 if (import.meta.main) {

@@ -40,6 +40,16 @@ export function usage(commands: readonly Command[]): string {
   return `${usageOf(commands)}\n  runlock --help | --version`;
 }
 
+/**
+ * The usage of one command, as a usage error in that command prints it:
+ * its lines, and where to read more.
+ */
+export function commandUsage(command: Command): string {
+  return `${
+    usageOf([command])
+  }\n  runlock ${command.name} --help: what it does and its options`;
+}
+
 /** `runlock COMMAND --help`: that command's usage and what it does. */
 export function commandHelp(command: Command): string {
   return `${
@@ -67,10 +77,11 @@ ${described}
 
   A lock name, path, host or command that holds a character that does
   not print (a control character such as ESC or a newline, DEL, U+202E),
-  or that begins with $', is shown quoted as bash reads $'...': \\n, \\r, \\t, \\xHH below U+0080 (\\x1b
-  is ESC), else \\uHHHH (\\u0085), with \\\\ and \\' for a backslash and a
-  quote; pasted into a shell, such a path names the same file. Any other
-  text is printed as it is. --json prints them exact.
+  or that begins with $', is shown quoted as bash reads $'...': \\n, \\r,
+  \\t, \\xHH below U+0080 (\\x1b is ESC), else \\uHHHH (\\u0085), with \\\\
+  and \\' for a backslash and a quote; pasted into a shell, such a path
+  names the same file. Any other text is printed as it is. --json prints
+  them exact.
 
 PostgreSQL (--db=URL, or RUNLOCK_DATABASE_URL for status, run and wait):
   the positional argument is a lock name (sync/main), held through a

@@ -53,7 +53,7 @@ export const statusCommand: Command = {
   name: "status",
   usage: "runlock status [--json] [--db=URL] [--] <path|name>",
   help: `Print who holds the lock and what it runs:
-  held by pid 4242 on build-7 since 09:52:11 (3m ago): ./sync.sh --full
+  held by pid 4242 on build-7 since 09:52:11 (3m ago): ./sync.sh
 then one "  KEY=VALUE" line per other --meta field; or "free", or
 "stale: last holder pid N is gone". Warns on stderr when the live
 holder's pid does not mean the same process here (in another PID
