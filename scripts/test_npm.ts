@@ -346,6 +346,7 @@ await step("README: the npm CLI line in the scratch project", () => {
 // set; the CommonJS set still runs cli_module_test (require("runlock/cli")).
 const BIN_TESTS = new Set([
   "cli_test.js",
+  "cli_errors_test.js",
   "cli_tty_test.js",
   "cli_postgres_test.js",
   "cli_watch_test.js",
@@ -666,6 +667,7 @@ if (!process.env.RUNLOCK_SKIP_BUN) {
         "--allow-all",
         ...[
           "cli_test.ts",
+          "cli_errors_test.ts",
           "cli_tty_test.ts",
           "cli_postgres_test.ts",
           "cli_watch_test.ts",

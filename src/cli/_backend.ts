@@ -92,6 +92,41 @@ export function databaseUrl(
   return text ? { text, from: variable } : undefined;
 }
 
+/**
+ * The usage error for a database URL that pgLocks() refused, in the
+ * command line's words: "--db must be a postgres:// URL, e.g. ...", not
+ * the API's "Cannot create pgLocks as 'url' must be ...". The URL itself
+ * is quoted only as pgLocks() quotes it: through redact(), without its
+ * password.
+ *
+ * @param url The URL, and where it came from.
+ * @param err What pgLocks() threw.
+ * @returns The error to throw.
+ */
+export function badUrl(url: Url, err: unknown): UsageError {
+  const name = url.from === "option '--db'" ? "--db" : url.from;
+  const message = err instanceof Error ? err.message : String(err);
+  if (
+    /^Cannot create pgLocks as 'url' must (be a|start with) postgres/.test(
+      message,
+    )
+  ) {
+    // Not echoed: it was typed (or set) by the reader, and a value that is
+    // no URL is where redact() has least to go on.
+    return new UsageError(
+      name === "--db"
+        ? "--db must be a postgres:// URL, e.g. postgres://user@host/db"
+        : `${name} must be a URL such as postgres://user@host/db`,
+    );
+  }
+  // Any other refusal of the URL (a bad percent-escape, an '@' after the
+  // host, ...), said of the option: its value already redacted by pgLocks.
+  return new UsageError(
+    message.replace(/^Cannot create pgLocks as /, "")
+      .replaceAll("'url'", name),
+  );
+}
+
 /** This host's name, when it may be read without a prompt. */
 export function hostHere(): string {
   if (!granted({ name: "sys", kind: "hostname" })) return "";
@@ -134,8 +169,7 @@ async function database(url: Url): Promise<Backend> {
   try {
     locks = pg.pgLocks(url.text);
   } catch (err) {
-    // A URL that is not postgres://... (its password already blanked).
-    throw new UsageError(`${url.from}: ${(err as Error).message}`);
+    throw badUrl(url, err);
   }
   const here = hostHere();
   return {

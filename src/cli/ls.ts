@@ -12,6 +12,7 @@ import { redact } from "../_redact.ts";
 import { scan, watch } from "../../mod.ts";
 import { onePath, parse, UsageError } from "./_args.ts";
 import {
+  badUrl,
   databaseUrl,
   hostHere,
   pgInfo,
@@ -136,8 +137,7 @@ async function database(url: Url) {
   try {
     return pg.pgLocks(url.text);
   } catch (err) {
-    // A URL that is not postgres://... (its password already blanked).
-    throw new UsageError(`${url.from}: ${(err as Error).message}`);
+    throw badUrl(url, err);
   }
 }
 
@@ -171,13 +171,22 @@ async function ls(args: string[], io: CliIo): Promise<number> {
       }
       return await live(req, io);
     }
-    // A directory that does not exist (yet) holds no locks: an empty
-    // answer, as scan() gives, for a UI that polls it; said on stderr for a
-    // person.
-    if (kind === "missing" && !req.json) {
-      io.err(`runlock: ls: ${printable(req.where)} does not exist: no locks`);
+    // A directory that does not exist is an error (exit 2), as for ls(1)
+    // and ls --watch: most often a typo, which an empty answer would hide
+    // (scan(), for a program, still answers [] for it).
+    if (kind === "missing") {
+      throw new Error(`ls: ${printable(req.where)} does not exist`);
     }
-    print(await scan(req.where, { recursive: req.recursive }), req.json, io);
+    const found = await scan(req.where, { recursive: req.recursive });
+    print(found, req.json, io);
+    // Said on stderr, for a person: stdout stays one line per lock (none).
+    if (found.length === 0 && !req.json) {
+      io.err(
+        `runlock: ls: no locks in ${printable(req.where)}${
+          req.recursive ? " or below" : ""
+        }`,
+      );
+    }
     return 0;
   }
   if (req.watch) return await live(req, io);

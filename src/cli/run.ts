@@ -94,6 +94,15 @@ async function run(args: string[], io: CliIo): Promise<number> {
   if (rest.length === 0 || rest[0] === "--") {
     throw new UsageError("run: missing <path>");
   }
+  if (afterOptions[0] === "--" && !rest.includes("--")) {
+    // `run -- ./sync.sh`: the one `--` is the command's, so the path is
+    // missing (taking ./sync.sh for the path would then ask for a '--').
+    throw new UsageError(
+      `run: missing <path> before '--': runlock run <path> -- ${
+        redact(rest[0])
+      } ...`,
+    );
+  }
   const path = rest[0];
   if (rest[1] !== "--") {
     throw new UsageError(
@@ -226,7 +235,7 @@ async function run(args: string[], io: CliIo): Promise<number> {
           exited = true;
           io.err(
             `runlock: cannot run '${printable(command[0])}': ${
-              printable(err.message)
+              whyNotStarted(command[0], err)
             }`,
           );
           resolve(err.code === "ENOENT" ? 127 : 126);
@@ -243,6 +252,36 @@ async function run(args: string[], io: CliIo): Promise<number> {
   } finally {
     for (const s of listening) process.off(s, onSignal);
     await locks?.end();
+  }
+}
+
+/**
+ * Why the command could not be started, in the shell's words ("command
+ * not found", "permission denied"), not the runtime's (`spawn x ENOENT`,
+ * which differs between Deno, Node and Bun).
+ */
+function whyNotStarted(
+  command: string,
+  err: Error & { code?: string },
+): string {
+  switch (err.code) {
+    case "ENOENT":
+      // A name is looked up in PATH; a path is not (as sh says them).
+      return command.includes("/")
+        ? "no such file or directory"
+        : "command not found";
+    case "EACCES":
+    case "EPERM":
+      return "permission denied";
+    case "ENOEXEC":
+      return "not an executable format";
+    case "EISDIR":
+      return "is a directory";
+    default:
+      // Whatever else the runtime says, without its "spawn CMD " prefix.
+      return printable(
+        err.message.replace(/^spawn(Sync)? \S+ /, "") || String(err.code),
+      );
   }
 }
 
@@ -313,7 +352,8 @@ export const runCommand: Command = {
   name: "run",
   usage:
     `runlock run [--wait[=SECONDS]] [--conflict-exit-code=N] [--on-lost=warn|term]
-            [--meta KEY=VALUE]... [--no-cmd] [--db=URL] [--] <path|name> -- <command> [args...]`,
+            [--meta KEY=VALUE]... [--no-cmd] [--db=URL]
+            [--] <path|name> -- <command> [args...]`,
   help: `Take the lock, run the command in a session of its own with
 inherited stdio, forward every signal runlock gets to the
 command's process group (so one Ctrl-C reaches it once), release

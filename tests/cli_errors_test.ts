@@ -1,0 +1,241 @@
+// The runlock CLI's mistakes and failures, as a person meets them: each
+// message says what is wrong in runlock's words, names what it is about,
+// and fits 80 columns. Real processes: under Deno src/cli.ts, under Node
+// and Bun the installed package's bin, or the `bun build --compile`
+// binary (RUNLOCK_CLI), through tests/_cli.ts.
+import assert from "node:assert/strict";
+import { chmodSync, mkdirSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
+import { describe, test } from "node:test";
+import { cli, type Result } from "./_cli.ts";
+import { tempDir } from "./_helpers.ts";
+
+/** Every command, as `runlock --help` lists them. */
+const COMMANDS = ["status", "run", "wait", "ls", "db-setup"];
+
+/** Asserts that every line `r` printed, out or err, fits 80 columns. */
+function fits80(r: Result, what: string): void {
+  for (const line of `${r.stdout}\n${r.stderr}`.split("\n")) {
+    assert.ok(
+      [...line].length <= 80,
+      `${what}: a line of ${[...line].length} columns: ${line}`,
+    );
+  }
+}
+
+describe("runlock ls: a directory that is not there, or empty", () => {
+  test("ls of a directory that does not exist exits 2 with one line naming it, with or without --json", () => {
+    const { dir, cleanup } = tempDir();
+    try {
+      const missing = join(dir, "nope");
+      for (const args of [["ls", missing], ["ls", "--json", missing]]) {
+        const r = cli(...args);
+        assert.equal(r.code, 2, args.join(" "));
+        assert.equal(r.stdout, "", args.join(" "));
+        assert.equal(
+          r.stderr,
+          `runlock: ls: ${missing} does not exist\n`,
+          args.join(" "),
+        );
+      }
+    } finally {
+      cleanup();
+    }
+  });
+
+  test("ls of an empty directory says 'no locks in DIR' on stderr, prints nothing on stdout, exit 0; --json prints []", () => {
+    const { dir, cleanup } = tempDir();
+    try {
+      assert.deepEqual(cli("ls", dir), {
+        code: 0,
+        stdout: "",
+        stderr: `runlock: ls: no locks in ${dir}\n`,
+      });
+      assert.deepEqual(cli("ls", "--recursive", dir), {
+        code: 0,
+        stdout: "",
+        stderr: `runlock: ls: no locks in ${dir} or below\n`,
+      });
+      assert.deepEqual(cli("ls", "--json", dir), {
+        code: 0,
+        stdout: "[]\n",
+        stderr: "",
+      });
+    } finally {
+      cleanup();
+    }
+  });
+});
+
+describe("runlock: usage errors", () => {
+  test("a mistyped command suggests the nearest command, exit 2; a word near none gets no guess", () => {
+    const cases: [string, string][] = [
+      ["stauts", "status"],
+      ["rn", "run"],
+      ["wiat", "wait"],
+      ["lss", "ls"],
+      ["dbsetup", "db-setup"],
+    ];
+    for (const [typed, meant] of cases) {
+      const r = cli(typed, "x");
+      assert.equal(r.code, 2, typed);
+      assert.equal(r.stdout, "", typed);
+      assert.equal(
+        r.stderr.split("\n")[0],
+        `runlock: unknown command '${typed}'; did you mean '${meant}'?`,
+      );
+      fits80(r, typed);
+    }
+    const far = cli("frobnicate", "x");
+    assert.equal(far.code, 2);
+    assert.equal(
+      far.stderr.split("\n")[0],
+      "runlock: unknown command 'frobnicate'",
+    );
+    const help = cli("help", "stauts");
+    assert.equal(help.code, 2);
+    assert.match(help.stderr, /did you mean 'status'\?/);
+  });
+
+  test("a usage error in a command prints that command's usage, not every command's", () => {
+    const cases: [string[], string][] = [
+      [["run", "--wait=x", "L", "--", "true"], "run"],
+      [["status", "--jsn", "x"], "status"],
+      [["wait", "--timeout=-1", "x"], "wait"],
+      [["ls", "-r", "."], "ls"],
+    ];
+    for (const [args, name] of cases) {
+      const what = args.join(" ");
+      const r = cli(...args);
+      assert.equal(r.code, 2, what);
+      assert.equal(r.stdout, "", what);
+      const usage = r.stderr.slice(r.stderr.indexOf("\nusage:\n") + 1);
+      assert.match(usage, new RegExp(`^usage:\\n  runlock ${name} `), what);
+      const commands = new Set(
+        [...usage.matchAll(/^ {2}runlock ([a-z-]+)/gm)].map((m) => m[1]),
+      );
+      assert.deepEqual([...commands], [name], `${what}: ${r.stderr}`);
+      assert.match(usage, new RegExp(`runlock ${name} --help`), what);
+      fits80({ ...r, stderr: usage }, `${what} (its usage)`);
+    }
+  });
+
+  test("run -- CMD, without a path, says the path is missing, exit 2", () => {
+    for (
+      const args of [
+        ["run", "--", "true"],
+        ["run", "--", "./sync.sh", "--full"],
+        ["run", "--wait=1", "--", "true"],
+      ]
+    ) {
+      const what = args.join(" ");
+      const r = cli(...args);
+      assert.equal(r.code, 2, what);
+      assert.equal(r.stdout, "", what);
+      assert.match(
+        r.stderr,
+        /^runlock: run: missing <path> before '--': runlock run <path> -- /,
+        what,
+      );
+      fits80(r, what);
+    }
+  });
+
+  test("--db that is not a postgres:// URL is explained for a person, without the API's words or the password", () => {
+    for (
+      const db of [
+        "notaurl",
+        "mysql://app:hunter2-secret@db/x",
+        "app:hunter2-secret@db/app",
+      ]
+    ) {
+      for (
+        const args of [
+          ["status", `--db=${db}`, "k"],
+          ["run", `--db=${db}`, "k", "--", "true"],
+          ["wait", `--db=${db}`, "k"],
+          ["ls", `--db=${db}`],
+        ]
+      ) {
+        const what = args.join(" ");
+        const r = cli(...args);
+        assert.equal(r.code, 2, what);
+        assert.equal(r.stdout, "", what);
+        assert.equal(
+          r.stderr.split("\n")[0],
+          "runlock: --db must be a postgres:// URL, e.g. postgres://user@host/db",
+          what,
+        );
+        assert.doesNotMatch(r.stderr, /pgLocks|'url'/, what);
+        assert.doesNotMatch(r.stderr, /hunter2/, `${what}: the password`);
+        fits80(r, what);
+      }
+    }
+  });
+});
+
+describe("runlock run: a command that cannot be started", () => {
+  test("a command not found: 'cannot run ...: command not found', exit 127, in runlock's words on every runtime", () => {
+    const { dir, cleanup } = tempDir();
+    try {
+      const r = cli("run", join(dir, "run.lock"), "--", "nosuchcmd-runlock");
+      assert.equal(r.code, 127);
+      assert.equal(r.stdout, "");
+      assert.equal(
+        r.stderr,
+        "runlock: cannot run 'nosuchcmd-runlock': command not found\n",
+      );
+      const path = join(dir, "no", "such-file");
+      const p = cli("run", join(dir, "run.lock"), "--", path);
+      assert.equal(p.code, 127);
+      assert.equal(
+        p.stderr,
+        `runlock: cannot run '${path}': no such file or directory\n`,
+      );
+    } finally {
+      cleanup();
+    }
+  });
+
+  test("a file that is not executable, or a directory: 'cannot run ...: permission denied', exit 126", () => {
+    const { dir, cleanup } = tempDir();
+    try {
+      const script = join(dir, "script.sh");
+      writeFileSync(script, "#!/bin/sh\nexit 0\n");
+      chmodSync(script, 0o644);
+      const sub = join(dir, "sub");
+      mkdirSync(sub);
+      for (const target of [script, sub]) {
+        const r = cli("run", join(dir, "run.lock"), "--", target);
+        assert.equal(r.code, 126, r.stderr);
+        assert.equal(r.stdout, "");
+        assert.equal(
+          r.stderr,
+          `runlock: cannot run '${target}': permission denied\n`,
+        );
+      }
+    } finally {
+      cleanup();
+    }
+  });
+});
+
+describe("runlock --help: 80 columns", () => {
+  test("--help and each command's --help print no line longer than 80 columns", () => {
+    for (const args of [["--help"], ...COMMANDS.map((c) => [c, "--help"])]) {
+      const r = cli(...args);
+      assert.equal(r.code, 0, args.join(" "));
+      assert.ok(r.stdout.length > 0, args.join(" "));
+      fits80(r, args.join(" "));
+    }
+  });
+
+  test("a usage error's message and the usage it prints fit 80 columns", () => {
+    for (const args of [["nosuch"], ...COMMANDS.map((c) => [c, "--nosuch"])]) {
+      const r = cli(...args);
+      assert.equal(r.code, 2, args.join(" "));
+      assert.match(r.stderr, /\nusage:\n/, args.join(" "));
+      fits80(r, args.join(" "));
+    }
+  });
+});
