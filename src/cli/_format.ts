@@ -8,6 +8,7 @@
 import type { Inspection } from "../../mod.ts";
 import { UsageError } from "./_args.ts";
 import { granted } from "./_permissions.ts";
+import { width } from "./_width.ts";
 
 /**
  * What the commands print about a lock: a file lock's Inspection, or a
@@ -216,21 +217,20 @@ export function lsCells(info: Info, now: number): string[] {
 }
 
 /**
- * Rows of cells as lines, each column padded to its widest cell (in code
- * points) and two spaces apart; the last column is not padded.
+ * Rows of cells as lines, each column padded to its widest cell (in
+ * terminal columns: a CJK character takes two, a combining mark none) and
+ * two spaces apart; the last column is not padded.
  */
 export function alignRows(rows: readonly string[][]): string[] {
   const widths: number[] = [];
   for (const row of rows) {
     row.forEach((cell, i) => {
-      widths[i] = Math.max(widths[i] ?? 0, [...cell].length);
+      widths[i] = Math.max(widths[i] ?? 0, width(cell));
     });
   }
   return rows.map((row) =>
     row.map((cell, i) =>
-      i === row.length - 1
-        ? cell
-        : cell + " ".repeat(widths[i] - [...cell].length)
+      i === row.length - 1 ? cell : cell + " ".repeat(widths[i] - width(cell))
     ).join("  ")
   );
 }

@@ -9,10 +9,10 @@
 
 import { isAbsolute, relative } from "node:path";
 import { process } from "../_process.ts";
+import { fitTable } from "./_fit.ts";
 import {
   agoChangesIn,
   alignRows,
-  clip,
   clock,
   type Info,
   lsCells,
@@ -20,6 +20,7 @@ import {
   toJson,
 } from "./_format.ts";
 import type { CliIo } from "./_io.ts";
+import { cutEnd } from "./_width.ts";
 
 /**
  * One change as `ls --watch` shows it: a file lock's (`Change` of
@@ -138,12 +139,20 @@ const CLEAR_SCREEN = "\x1b[2J";
 const CLEAR_LINE_END = "\x1b[K";
 const CLEAR_BELOW = "\x1b[J";
 
-/** The table's column titles, in `runlock ls`'s order. */
-const HEADER = ["STATE", "PID", "HOST", "SINCE", "COMMAND", "PATH"];
-/** The command column's index, the one cut first on a narrow terminal. */
-const COMMAND = 4;
-/** The fewest characters the command column is cut to. */
-const COMMAND_MIN = 8;
+/**
+ * The table's column titles, in `runlock ls`'s order; the last names the
+ * lock: PATH for files, NAME for PostgreSQL's lock names.
+ */
+const HEADER = ["STATE", "PID", "HOST", "SINCE", "COMMAND"];
+
+/**
+ * How the table gives way on a narrow terminal (issue 39): the command
+ * is cut first, to 8 columns; then the host goes (most rows show the same
+ * one), the command, the age, and the pid last (what a person needs to
+ * act on a run); the path (or name) goes last of all, cut from its start
+ * so that its end still names the lock: "…/state/run.lock".
+ */
+const FIT = { shrink: 4, shrinkMin: 8, drop: [2, 4, 3, 1] };
 
 /** What the table is drawn on: a terminal's size and its output. */
 export interface Screen {
@@ -164,19 +173,34 @@ export const stdoutScreen: Screen = {
   },
 };
 
+/** What a {@linkcode LiveTable} lists, and how it names it. */
+export interface LiveTableOptions {
+  /**
+   * The watched directory: the title names the last change's path from
+   * it. Undefined for PostgreSQL's lock names.
+   */
+  base?: string;
+  /** The last column's title: "PATH" (the default), or "NAME" (--db). */
+  key?: "PATH" | "NAME";
+}
+
 /**
  * The live table on a terminal: on the alternate screen (as top and less
  * use it), the lock rows under a title and a header, redrawn in place
  * when a batch changes them, when the terminal is resized, and when an
  * age in the "since" column would read otherwise: once a second while an
  * age is under a minute, once a minute after that, and never while no row
- * shows an age. Lines are cut to the width (the command column first),
- * never wrapped; rows beyond the height are counted on the last line.
+ * shows an age. Lines fit the width, measured in terminal columns (a CJK
+ * character takes two) and never wrapped: the columns give way as FIT
+ * says, the path last, and what is still too wide is cut
+ * with "…", never inside a character. Rows beyond the height are counted
+ * on the last line: "… 3 more", three locks not shown.
  */
 export class LiveTable implements Sink {
   readonly #screen: Screen;
   readonly #title: string;
   readonly #base: string | undefined;
+  readonly #header: string[];
   readonly #rows = new Map<string, Info>();
   #last = "";
   #frame: string | undefined;
@@ -188,13 +212,14 @@ export class LiveTable implements Sink {
 
   /**
    * A table on `screen`, under the title `title` (what is watched), which
-   * names the last change's path from `base` (the watched directory); it
-   * takes the screen at once.
+   * names the last change's path from `options.base` (the watched
+   * directory); it takes the screen at once.
    */
-  constructor(screen: Screen, title: string, base?: string) {
+  constructor(screen: Screen, title: string, options: LiveTableOptions = {}) {
     this.#screen = screen;
     this.#title = title;
-    this.#base = base;
+    this.#base = options.base;
+    this.#header = [...HEADER, options.key ?? "PATH"];
     this.resume();
   }
 
@@ -222,10 +247,14 @@ export class LiveTable implements Sink {
     this.draw();
   }
 
-  /** The lines of the table now, each cut to `columns`. */
+  /**
+   * The lines of the table now, at most `height`, each at most `columns`
+   * wide on a terminal.
+   */
   lines(now: number, columns: number, height: number): string[] {
     if (!this.#ready) {
-      return [this.#title, "(looking…)"].map((l) => clip(l, columns));
+      return [this.#title, "(looking…)"].slice(0, height)
+        .map((l) => cutEnd(l, columns));
     }
     const infos = [...this.#rows.values()].sort((a, b) =>
       a.path < b.path ? -1 : a.path > b.path ? 1 : 0
@@ -233,27 +262,30 @@ export class LiveTable implements Sink {
     const count = `${infos.length} lock${infos.length === 1 ? "" : "s"}`;
     const title = [this.#title, count, this.#last].filter(Boolean)
       .join("  ·  ");
-    const cells = [HEADER, ...infos.map((info) => lsCells(info, now))];
-    // Too wide: the command column gives way first, down to COMMAND_MIN;
-    // then every line is cut at the edge.
-    const widest = (i: number) =>
-      Math.max(...cells.map((row) => [...row[i]].length));
-    const others = HEADER.reduce(
-      (sum, _, i) => i === COMMAND ? sum : sum + widest(i),
-      0,
-    ) + 2 * (HEADER.length - 1);
-    const room = Math.max(COMMAND_MIN, columns - others);
-    if (widest(COMMAND) > room) {
-      for (const row of cells) row[COMMAND] = clip(row[COMMAND], room);
+    const cells = [
+      this.#header,
+      ...infos.map((info) => lsCells(info, now)),
+    ];
+    const [header, ...rows] = alignRows(fitTable(cells, columns, FIT));
+    let lines: string[];
+    if (infos.length === 0) {
+      lines = [title, header, "(no locks)"].slice(0, height);
+    } else if (2 + rows.length <= height) {
+      lines = [title, header, ...rows];
+    } else if (height === 1) {
+      // The title alone: it counts the locks.
+      lines = [title];
+    } else {
+      // Room for the title, the header (if there is a row to head) and
+      // the count of the locks not shown; not of the lines: the title and
+      // the header are never among them.
+      const shown = Math.max(0, height - 3);
+      const more = `… ${rows.length - shown} more`;
+      lines = shown === 0
+        ? [title, more]
+        : [title, header, ...rows.slice(0, shown), more];
     }
-    const body = alignRows(cells);
-    if (infos.length === 0) body.push("(no locks)");
-    let lines = [title, ...body];
-    if (lines.length > height) {
-      const hidden = lines.length - (height - 1);
-      lines = [...lines.slice(0, height - 1), `… ${hidden} more`];
-    }
-    return lines.map((line) => clip(line, columns));
+    return lines.map((line) => cutEnd(line, columns));
   }
 
   /**

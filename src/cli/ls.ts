@@ -229,7 +229,7 @@ async function live(req: Request, io: CliIo): Promise<number> {
     ? new LiveTable(
       stdoutScreen,
       titleOf(req),
-      req.url === undefined ? req.where : undefined,
+      req.url === undefined ? { base: req.where } : { key: "NAME" },
     )
     : undefined;
   const sink: Sink = table ??
