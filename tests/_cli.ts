@@ -377,6 +377,9 @@ export class Terminal {
       env: { ...process.env, NO_COLOR: "1", ...env },
     });
     const wake = () => this.#waiters.splice(0).forEach((w) => w());
+    // Decoded as a stream: a character split between two reads of the
+    // terminal stays one character, not two U+FFFD.
+    this.proc.stdout!.setEncoding("utf8");
     this.proc.stdout!.on("data", (d) => {
       this.#output += d;
       wake();
