@@ -318,14 +318,16 @@ rmSync(pgTree, { recursive: true, force: true });
 // has one copy of the library and its per-process state; likewise the
 // PostgreSQL backend (loaded by --db only) as "runlock/postgres". The CLI
 // is src/cli.js and src/cli/*.js: in a copy of those (and of version.js and
-// _process.js, constants, and _redact.js, a function without state, which
-// the backend's messages use too), every import of mod.js, whoever makes it, becomes
+// _process.js, constants, _redact.js, a function without state, which
+// the backend's messages use too, and _inherit.js, a symbol from the global
+// registry), every import of mod.js, whoever makes it, becomes
 // "runlock", and every import() of src/postgres/mod.js "runlock/postgres".
 const libraryModule = join(tscOut, "mod.js");
 const pgModule = join(tscOut, "src", "postgres", "mod.js");
 const versionModule = join(tscOut, "src", "version.js");
 const processModule = join(tscOut, "src", "_process.js");
 const redactModule = join(tscOut, "src", "_redact.js");
+const inheritModule = join(tscOut, "src", "_inherit.js");
 const cliDir = join(tscOut, "src", "cli");
 const cliFiles = [
   join(tscOut, "src", "cli.js"),
@@ -333,6 +335,7 @@ const cliFiles = [
   versionModule,
   processModule,
   redactModule,
+  inheritModule,
 ];
 for (const [format, file] of [["esm", "cli.js"], ["cjs", "cli.cjs"]] as const) {
   const cliTree = join(out, `.tsc-cli-${format}`);
@@ -365,7 +368,8 @@ for (const [format, file] of [["esm", "cli.js"], ["cjs", "cli.cjs"]] as const) {
       .map(([, spec]) => spec)
       .filter((spec) =>
         target(spec) !== versionModule && target(spec) !== processModule &&
-        target(spec) !== redactModule && !target(spec).startsWith(cliDir + "/")
+        target(spec) !== redactModule && target(spec) !== inheritModule &&
+        !target(spec).startsWith(cliDir + "/")
       );
     if (unmapped.length > 0) {
       throw new Error(

@@ -347,6 +347,7 @@ await step("README: the npm CLI line in the scratch project", () => {
 const BIN_TESTS = new Set([
   "cli_test.js",
   "cli_errors_test.js",
+  "cli_run_kill_test.js",
   "cli_tty_test.js",
   "cli_postgres_test.js",
   "cli_watch_test.js",
@@ -668,6 +669,7 @@ if (!process.env.RUNLOCK_SKIP_BUN) {
         ...[
           "cli_test.ts",
           "cli_errors_test.ts",
+          "cli_run_kill_test.ts",
           "cli_tty_test.ts",
           "cli_postgres_test.ts",
           "cli_watch_test.ts",

@@ -25,6 +25,7 @@ import {
   tempName,
 } from "./_record_here.ts";
 import { attemptLoop, pin, runSync } from "./_attempt.ts";
+import { DESCRIPTOR, type Descriptor } from "./_inherit.ts";
 import { probe } from "./_probe.ts";
 import { every, type Tick } from "./_timer.ts";
 import { fileKey, listen, type Listener, listenFile } from "./_watch.ts";
@@ -192,6 +193,15 @@ class RunLock implements Lock {
    * inotify watch among a directory's watchers), and they are no move.
    */
   #marker: Listener | undefined;
+
+  /**
+   * The descriptor that holds the flock, while held: `runlock run` hands it
+   * to its command (src/_inherit.ts). Not part of the public API.
+   */
+  [DESCRIPTOR](): Descriptor | undefined {
+    if (this.#handle === undefined) return undefined;
+    return { fd: this.#handle.fd(), dev: this.#id.dev, ino: this.#id.ino };
+  }
 
   constructor(
     target: Target,

@@ -16,6 +16,7 @@ import {
   type HeldLock,
 } from "./_backend.ts";
 import { clip, printable, printableErrors } from "./_format.ts";
+import { lockDescriptor } from "./_hand_on.ts";
 import type { Command } from "./_help.ts";
 import { type CliIo, Progress } from "./_io.ts";
 import {
@@ -148,7 +149,7 @@ async function run(args: string[], io: CliIo): Promise<number> {
 
   // One listener for every catchable signal, for the whole run, so that no
   // signal meets its default action (death, and the kernel drops the lock
-  // while the command runs on unguarded). Before the command starts, a
+  // while the command runs on without it). Before the command starts, a
   // signal whose default is to terminate stops the wait and runs nothing;
   // once it runs, every signal goes to the command's process group, and
   // runlock lives until the command exits, whatever it does with them.
@@ -223,8 +224,17 @@ async function run(args: string[], io: CliIo): Promise<number> {
       // systemd, kill PID) reaches the command the same way. The price: the
       // command has no controlling terminal (it still reads and writes the
       // terminal through its stdio, but cannot open /dev/tty).
+      // The lock's descriptor goes to the command as its fd 3, as flock(1)
+      // hands on its own: if runlock itself dies (SIGKILL, the OOM
+      // killer), the kernel keeps the flock for as long as the command, or
+      // what it started with the descriptor open, lives, and the next run
+      // is refused meanwhile (PROTOCOL.md, "Release"). A PostgreSQL lock
+      // is runlock's database session, which cannot be handed on.
+      const fd = lockDescriptor(lock);
       const started = spawn(command[0], command.slice(1), {
-        stdio: "inherit",
+        stdio: fd === undefined
+          ? "inherit"
+          : ["inherit", "inherit", "inherit", fd],
         detached: true,
       });
       child = started;
@@ -372,8 +382,11 @@ If the lock is lost while the command runs (its file deleted or
 replaced; with --db, its database session ended), runlock says so
 on stderr at once and the command keeps running; --on-lost=term
 sends SIGTERM to the command's process group instead.
-If runlock itself is SIGKILLed, the kernel drops the lock at once
-while the command goes on running unguarded; status then reports
-the lock stale with runlock's pid.`,
+The command gets the lock's descriptor as fd 3, as with flock(1):
+if runlock itself is SIGKILLed, the lock lives on for as long as
+the command (or what it started with fd 3 open) runs, and status
+says held with runlock's pid; the next run takes it once they end.
+With --db the lock is runlock's database session, which ends with
+runlock: the command then runs on without it.`,
   run: printableErrors(run),
 };

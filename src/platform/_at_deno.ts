@@ -110,6 +110,10 @@ class FdHandle implements Handle {
     }
   }
 
+  fd(): number | undefined {
+    return this.#fd >= 0 ? this.#fd : undefined;
+  }
+
   tryLock(exclusive: boolean): boolean {
     return this.#flock((exclusive ? LOCK_EX : LOCK_SH) | LOCK_NB);
   }

@@ -81,6 +81,10 @@ class FdHandle implements Handle {
     this.#name = name;
   }
 
+  fd(): number | undefined {
+    return this.#fd >= 0 ? this.#fd : undefined;
+  }
+
   tryLock(exclusive: boolean): boolean {
     return flockFd(
       this.#fd,

@@ -78,6 +78,10 @@ class FsHandle implements Handle {
     this.#path = path;
   }
 
+  fd(): number | undefined {
+    return this.#fd;
+  }
+
   tryLock(exclusive: boolean): boolean {
     return flockFd(
       this.#fd!,

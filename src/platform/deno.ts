@@ -262,6 +262,10 @@ class DenoHandle implements Handle {
     this.#path = path;
   }
 
+  fd(): number | undefined {
+    return undefined; // Deno's files have resource ids, not descriptors
+  }
+
   tryLock(exclusive: boolean): boolean {
     if (WINDOWS) {
       // Windows locks are mandatory and open files cannot be unlinked: the

@@ -60,6 +60,13 @@ export interface Handle {
    * it below (Linux 6.18). Never throws; where it cannot, nothing changes.
    */
   closeFirstAtExit(): void;
+  /**
+   * The descriptor's number in this process, where the runtime has one
+   * (undefined under Deno without FFI, whose files have none): `runlock
+   * run` hands it to its command, as flock(1) does, so that the lock lives
+   * as long as the command does.
+   */
+  fd(): number | undefined;
   /** `close(fd)`; drops the flock. Never throws. */
   close(): void;
 }

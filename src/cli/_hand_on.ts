@@ -1,0 +1,60 @@
+/**
+ * `runlock run` hands the lock's descriptor on to its command, as
+ * flock(1) does: the command (and what it starts, unless it closes the
+ * descriptor) holds the flock too, so that if runlock's own process dies
+ * (SIGKILL, the OOM killer) the lock lives on until the command ends.
+ *
+ * @module
+ */
+
+import { spawnSync } from "node:child_process";
+import { process } from "../_process.ts";
+import { DESCRIPTOR, type Descriptor, type Inheritable } from "../_inherit.ts";
+
+/**
+ * The descriptor number that holds `lock`'s flock in this process, or
+ * undefined when there is none to hand on (a PostgreSQL lock, whose
+ * session cannot be handed on; a runtime or platform where it cannot be
+ * found).
+ *
+ * @param lock A held lock of either backend.
+ * @returns The descriptor number, or undefined.
+ */
+export function lockDescriptor(lock: object): number | undefined {
+  const method = (lock as Partial<Inheritable>)[DESCRIPTOR];
+  if (typeof method !== "function") return undefined;
+  const d = method.call(lock);
+  if (d === undefined) return undefined;
+  return d.fd ?? findDescriptor(d);
+}
+
+/**
+ * Under Deno without FFI a file has a resource id, not a descriptor
+ * number: the number is found in /proc/<pid>/fdinfo, where only the
+ * descriptor that owns the flock shows it ("lock: 1: FLOCK ADVISORY WRITE
+ * <pid> <major>:<minor>:<inode> 0 EOF"; the device's numbers there are
+ * the superblock's, which can differ from stat's, so only the inode and
+ * the pid are matched). A helper process reads it, since Deno's own file
+ * APIs may not read /proc without --allow-read for it; exactly one match
+ * counts.
+ */
+function findDescriptor(d: Descriptor): number | undefined {
+  if (process.platform !== "linux") return undefined;
+  const pattern =
+    `FLOCK +ADVISORY +WRITE +${process.pid} +[0-9a-f]+:[0-9a-f]+:${d.ino} `;
+  try {
+    const found = spawnSync("sh", [
+      "-c",
+      'grep -l -E -e "$1" /proc/"$2"/fdinfo/* 2>/dev/null; true',
+      "sh",
+      pattern,
+      String(process.pid),
+    ], { encoding: "utf8", stdio: ["ignore", "pipe", "ignore"] });
+    const hits = String(found.stdout ?? "").split("\n").filter((l) => l !== "");
+    if (hits.length !== 1) return undefined;
+    const fd = Number(hits[0].slice(hits[0].lastIndexOf("/") + 1));
+    return Number.isInteger(fd) && fd >= 3 ? fd : undefined;
+  } catch {
+    return undefined;
+  }
+}
