@@ -349,6 +349,7 @@ const BIN_TESTS = new Set([
   "cli_errors_test.js",
   "cli_run_kill_test.js",
   "cli_tty_test.js",
+  "cli_watch_narrow_test.js",
   "cli_postgres_test.js",
   "cli_watch_test.js",
 ]);
@@ -671,6 +672,7 @@ if (!process.env.RUNLOCK_SKIP_BUN) {
           "cli_errors_test.ts",
           "cli_run_kill_test.ts",
           "cli_tty_test.ts",
+          "cli_watch_narrow_test.ts",
           "cli_postgres_test.ts",
           "cli_watch_test.ts",
         ]
