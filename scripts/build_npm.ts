@@ -492,11 +492,15 @@ const pkg = {
     "README.md",
     "LICENSE",
     "PROTOCOL.md",
+    "CHANGELOG.md",
     "docs/",
   ],
   sideEffects: false,
   engines: { node: ">=20" },
-  os: ["linux", "darwin", "freebsd", "openbsd", "netbsd"],
+  // Only what the test suite runs on (Linux x86_64): npm refuses to install
+  // the package elsewhere rather than let it fail at its first lock.
+  os: ["linux"],
+  cpu: ["x64"],
   dependencies,
   // pg is about 1 MB in 14 small packages, which file-lock users never
   // need: an optional peer (the way database drivers are shipped), so a
@@ -522,7 +526,7 @@ for (const [dir, types] of [["cli", "cli"], ["postgres", "postgres/mod"]]) {
     ) + "\n",
   );
 }
-for (const file of ["README.md", "LICENSE", "PROTOCOL.md"]) {
+for (const file of ["README.md", "LICENSE", "PROTOCOL.md", "CHANGELOG.md"]) {
   copyFileSync(join(root, file), join(pkgDir, file));
 }
 // The guides the README links to, beside it.

@@ -248,6 +248,38 @@ await step(
   true,
 );
 
+await step(
+  "the packed package.json lists only the tested platform (Linux x64) and ships the changelog",
+  () => {
+    const listed = spawnSync(
+      "tar",
+      ["-xOzf", tarball, "package/package.json"],
+      {
+        encoding: "utf8",
+      },
+    );
+    if (listed.status !== 0) throw new Error(listed.stderr);
+    const pkg = JSON.parse(listed.stdout);
+    const want = { os: ["linux"], cpu: ["x64"] };
+    const got = { os: pkg.os, cpu: pkg.cpu };
+    if (JSON.stringify(got) !== JSON.stringify(want)) {
+      throw new Error(
+        `package.json: ${JSON.stringify(got)}, not ${JSON.stringify(want)}`,
+      );
+    }
+    if (process.platform !== "linux" || process.arch !== "x64") {
+      throw new Error(
+        `the package lists Linux x64, but this test runs on ${process.platform} ${process.arch}`,
+      );
+    }
+    const files =
+      spawnSync("tar", ["-tzf", tarball], { encoding: "utf8" }).stdout;
+    if (!files.split("\n").includes("package/CHANGELOG.md")) {
+      throw new Error("the tarball has no CHANGELOG.md");
+    }
+  },
+);
+
 await step("README: npm install of the tarball into a scratch project", () => {
   rmSync(scratch, { recursive: true, force: true });
   mkdirSync(scratch, { recursive: true });
