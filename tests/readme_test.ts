@@ -106,23 +106,53 @@ function project(): { work: string; dir: string; cleanup: () => void } {
   };
 }
 
+/** npm's global prefix of the reader's shell, where the README puts `deno`. */
+let npmPrefix = "";
+
 /**
- * Runs a `deno install -g --name runlock …` line of the docs with its
- * install root in `work` (never the reader's ~/.deno), and returns an
- * environment whose PATH has that root's bin.
+ * A new terminal: a login shell with nothing of this one's environment, HOME
+ * a fresh directory whose ~/.profile puts npm's global bin `bin` on the PATH
+ * (as a reader's setup does for npm's bin: /etc/profile resets PATH to the
+ * system's directories, where a system Node's npm puts it).
+ */
+function newShell(line: string, bin: string, home: string) {
+  mkdirSync(home, { recursive: true });
+  writeFileSync(join(home, ".profile"), `PATH="${bin}:$PATH"\n`);
+  const r = spawnSync("env", [
+    "-i",
+    `HOME=${home}`,
+    "PATH=/usr/local/bin:/usr/bin:/bin",
+    "bash",
+    "-lc",
+    line,
+  ], { encoding: "utf8" });
+  return { code: r.status, stdout: r.stdout, stderr: r.stderr };
+}
+
+/**
+ * Runs a `deno install -g --root "$(npm prefix -g)" --name runlock …` line
+ * of the docs with npm's global prefix in `work` (never the reader's), which
+ * holds a link to the reader's `deno` as npm's global bin would, and returns
+ * an environment whose PATH has that bin, and the bin.
  */
 function install(line: string, cwd: string, work: string) {
-  assert.match(line, /^deno install -g (-f )?--name runlock .*src\/cli\.ts$/);
-  const rootDir = join(work, "deno-root");
+  assert.match(
+    line,
+    /^deno install -g (-f )?--root "\$\(npm prefix -g\)" --name runlock .*src\/cli\.ts$/,
+  );
+  const prefix = join(work, "npm-global");
+  const bin = join(prefix, "bin");
+  mkdirSync(bin, { recursive: true });
+  symlinkSync(join(npmPrefix, "bin", "deno"), join(bin, "deno"));
   const env = {
     ...readerEnv,
-    DENO_INSTALL_ROOT: rootDir,
-    PATH: `${join(rootDir, "bin")}${delimiter}${readerEnv.PATH}`,
+    NPM_CONFIG_PREFIX: prefix,
+    PATH: `${bin}${delimiter}${readerEnv.PATH}`,
   };
   const r = sh(line, cwd, env);
   assert.equal(r.code, 0, r.stderr);
-  assert.ok(existsSync(join(rootDir, "bin", "runlock")), r.stderr);
-  return env;
+  assert.ok(existsSync(join(bin, "runlock")), r.stderr);
+  return { env, bin };
 }
 
 /**
@@ -242,15 +272,42 @@ describe("the documents", { skip: runtime !== "deno" }, () => {
   });
 });
 
+describe("the documents and the first release", {
+  skip: runtime !== "deno",
+}, () => {
+  test("no document speaks of releases before the first (0.1.0 is unreleased)", () => {
+    const changelog = readFileSync(join(root, "CHANGELOG.md"), "utf8");
+    assert.match(changelog, /^## 0\.1\.0 \(unreleased\)$/m);
+    assert.equal(changelog.match(/^## /gm)?.length, 1, "one version so far");
+    const phrases = [
+      /\bolder (runlock|releases?|versions?)\b/i,
+      /\bearlier (releases?|versions?)\b/i,
+      /\bprevious (releases?|versions?)\b/i,
+      /\bolder and newer holders\b/i,
+    ];
+    const found: string[] = [];
+    for (const file of [...documents(), "PROTOCOL.md"]) {
+      const text = readFileSync(join(root, file), "utf8");
+      for (const p of phrases) if (p.test(text)) found.push(`${file}: ${p}`);
+    }
+    assert.deepEqual(found, []);
+  });
+});
+
 describe("the README and docs, run as written (Deno)", {
   skip: runtime !== "deno",
 }, () => {
+  let scratch = "";
   before(() => {
-    // The README's "Install" line, in a shell whose PATH has no deno.
-    const [line] = commandLines(readmeBlock("deno-path"));
+    // The README's "Install" line, in a shell whose PATH has no deno, with
+    // npm's global prefix in a directory of the test's own, on that PATH as
+    // npm's global bin is on a reader's.
+    scratch = mkdtempSync(join(tmpdir(), "runlock-reader-"));
+    npmPrefix = join(scratch, "npm-global");
     const base = {
       ...process.env as Record<string, string>,
-      PATH: pathWithoutDeno(),
+      NPM_CONFIG_PREFIX: npmPrefix,
+      PATH: `${join(npmPrefix, "bin")}${delimiter}${pathWithoutDeno()}`,
       NO_COLOR: "1",
     };
     assert.notEqual(
@@ -258,12 +315,11 @@ describe("the README and docs, run as written (Deno)", {
       0,
       "the test starts from a PATH without deno",
     );
-    const r = spawnSync("sh", ["-c", `${line}\necho "$PATH"`], {
-      env: base,
-      encoding: "utf8",
-    });
-    assert.equal(r.status, 0, r.stderr);
-    readerEnv = { ...base, PATH: r.stdout.trim().split("\n").at(-1)! };
+    for (const line of commandLines(readmeBlock("deno-path"))) {
+      const r = spawnSync("sh", ["-c", line], { env: base, encoding: "utf8" });
+      assert.equal(r.status, 0, r.stderr);
+    }
+    readerEnv = base;
     const deno = spawnSync("sh", ["-c", "deno --version"], {
       env: readerEnv,
       encoding: "utf8",
@@ -273,6 +329,23 @@ describe("the README and docs, run as written (Deno)", {
       /^deno 2\.9\.6 /,
       "the line puts Deno 2.9.6 on PATH",
     );
+    // `deno` is Deno itself, not npm's Node launcher (whose pid a signal
+    // would reach instead of Deno's).
+    const self = spawnSync(
+      "sh",
+      ["-c", `echo $$; exec deno eval "console.log(Deno.pid)"`],
+      { env: readerEnv, encoding: "utf8" },
+    );
+    const [shell, denoPid] = self.stdout.trim().split("\n");
+    assert.equal(denoPid, shell, "deno runs as the process that ran it");
+    // ... and a new terminal finds it.
+    const home = join(scratch, "home");
+    const again = newShell("deno --version", join(npmPrefix, "bin"), home);
+    assert.equal(again.code, 0, `a new shell: ${again.stderr}`);
+    assert.match(again.stdout, /^deno 2\.9\.6 /);
+  });
+  after(() => {
+    if (scratch) rmSync(scratch, { recursive: true, force: true });
   });
 
   test("Quick start: two processes with the README's deno.json, program and deno run line; the second is refused with the first one's pid and exits 75", async () => {
@@ -369,7 +442,12 @@ describe("the README and docs, run as written (Deno)", {
         commandLines(docBlock("permissions.md", "perm-cli")),
         [installLine],
       );
-      const env = install(installLine, dir, work);
+      const { env, bin } = install(installLine, dir, work);
+      // A new terminal finds the command, and the command finds Deno.
+      const home = join(work, "home");
+      const version = newShell("runlock --version", bin, home);
+      assert.equal(version.code, 0, `a new shell: ${version.stderr}`);
+      assert.match(version.stdout, /\b\d+\.\d+\.\d+\b/);
       writeFileSync(join(dir, "sync.sh"), SYNC_SH, { mode: 0o755 });
       const [run, status, ls, wait] = commandLines(readmeBlock("cli-brief"));
       assert.match(run, /^runlock run \.state\/run\.lock -- \.\/sync\.sh /);
@@ -654,10 +732,12 @@ describe("docs/postgres.md and its permissions, run as written (Deno)", {
     async () => {
       const { work, dir, cleanup } = project();
       try {
-        const [installLine] = commandLines(
-          docBlock("permissions.md", "perm-cli-db"),
+        const [installLine] = commandLines(readmeBlock("deno-install-cli-db"));
+        assert.deepEqual(
+          commandLines(docBlock("permissions.md", "perm-cli-db")),
+          [installLine],
         );
-        const env = install(placeholders(installLine, t), dir, work);
+        const { env } = install(placeholders(installLine, t), dir, work);
         const psqlBin = psqlPath();
         assert.ok(psqlBin, "psql");
         env.PATH = `${dirname(psqlBin)}${delimiter}${env.PATH}`;
