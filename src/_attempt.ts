@@ -19,8 +19,19 @@ import {
   type Target,
 } from "./_protocol.ts";
 import { recordBytes, type RecordTemplate, tempName } from "./_record_here.ts";
-import { contend } from "./_contend.ts";
+import { contend, contendReadOnly } from "./_contend.ts";
 import { sweepAfter } from "./_sweep.ts";
+
+/**
+ * Step 1 refused by the system: the create's error, mapped, for the caller
+ * to throw once it has looked whether the lock is held anyway.
+ */
+interface Refused {
+  refused: Error;
+}
+
+/** The errors of a create that this user or the filesystem refuses. */
+const REFUSALS = new Set(["EACCES", "EPERM", "EROFS"]);
 
 interface Temp {
   /** The temp file's name in the pinned directory. */
@@ -34,18 +45,22 @@ interface Temp {
  * Step 1: a temp file, created new, locked LOCK_EX at once, holding the whole
  * record, with the lock's mode whatever the umask. `undefined` means a
  * sweeper got to it before our flock, or 64 random bits collided: try again.
+ * `Refused`: this user may not create files there, or the filesystem is
+ * read-only.
  */
 function createTemp(
   target: Target,
   mode: number,
   record: RecordTemplate,
-): Temp | undefined {
+): Temp | Refused | undefined {
   const name = tempName(target.name);
   let handle: Handle | "EEXIST" | "ENOENT";
   try {
     handle = target.pinned.create(name);
   } catch (err) {
-    throw mapError(err, target.path, "cannot create the lock");
+    const error = mapError(err, target.path, "cannot create the lock");
+    if (REFUSALS.has(errnoOf(err) ?? "")) return { refused: error };
+    throw error;
   }
   if (handle === "EEXIST") return undefined;
   if (handle === "ENOENT") {
@@ -174,8 +189,24 @@ export function* attemptLoop(
   let tookOver = false;
   try {
     for (let attempt = 1; attempt <= MAX_ATTEMPTS; attempt++) {
-      temp ??= createTemp(target, mode, record);
-      if (temp === undefined) continue;
+      if (temp === undefined) {
+        const made = createTemp(target, mode, record);
+        if (made === undefined) continue;
+        if ("refused" in made) {
+          // Refused: a lock a live run holds is held all the same, and the
+          // refusal only matters once it is free (PROTOCOL.md, step 1).
+          const verdict = contendReadOnly(target);
+          if (verdict === undefined) throw made.refused;
+          if (verdict.kind === "retry") continue;
+          if (verdict.kind === "held") {
+            if (verdict.sure) return verdict.held;
+            lastHeld = verdict.held;
+          }
+          yield backoffMs(attempt);
+          continue;
+        }
+        temp = made;
+      }
       let linked: "EEXIST" | "ENOENT" | undefined;
       try {
         linked = target.pinned.link(temp.name, target.name);

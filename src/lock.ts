@@ -858,9 +858,13 @@ function* acquireSteps(
  * @throws {TypeError} `path` is empty, holds a NUL, or names a directory.
  * @throws {RangeError} `timeout` or `mode` is out of range.
  * @throws {HeldError} another live run holds it (after `timeout`), or this
- * process does.
+ * process does; also for a user who may not write the lock's directory, or
+ * who finds it on a read-only mount (such a waiter waits like any other).
  * @throws {InvalidLockFileError} the file is not a lock runlock can use; it is left untouched.
- * @throws {LockPermissionError} the OS or Deno refuses access.
+ * @throws {LockPermissionError} the OS or Deno refuses access: where this
+ * user may not create files in the lock's directory (or its filesystem is
+ * read-only), when the lock is free, stale or unreadable, not while a live
+ * run holds it.
  * @throws {UnsupportedFilesystemError} no hard links or no flock there.
  * @throws {ContendedError} every attempt lost a race; try again.
  *
@@ -1016,9 +1020,13 @@ export async function acquire(
  * @throws {TypeError} `path` is empty, holds a NUL, or names a directory.
  * @throws {RangeError} `timeout` or `mode` is out of range.
  * @throws {HeldError} another live run holds it (after `timeout`), or this
- * process does.
+ * process does; also for a user who may not write the lock's directory, or
+ * who finds it on a read-only mount (such a waiter waits like any other).
  * @throws {InvalidLockFileError} the file is not a lock runlock can use; it is left untouched.
- * @throws {LockPermissionError} the OS or Deno refuses access.
+ * @throws {LockPermissionError} the OS or Deno refuses access: where this
+ * user may not create files in the lock's directory (or its filesystem is
+ * read-only), when the lock is free, stale or unreadable, not while a live
+ * run holds it.
  * @throws {UnsupportedFilesystemError} no hard links or no flock there.
  * @throws {ContendedError} every attempt lost a race; try again.
  *
