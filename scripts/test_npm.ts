@@ -383,6 +383,7 @@ const BIN_TESTS = new Set([
   "cli_tty_test.js",
   "cli_watch_narrow_test.js",
   "cli_postgres_test.js",
+  "cli_schema_test.js",
   "cli_watch_test.js",
 ]);
 const versions = (process.env.RUNLOCK_NODE_VERSIONS ?? "20,22,24").split(",");
@@ -417,6 +418,7 @@ const PG_ONE_NODE_TESTS = new Set([
   "postgres_test.js",
   "postgres_stress_test.js",
   "cli_postgres_test.js",
+  "cli_schema_test.js",
   "postgres_settings_test.js",
   "postgres_stop_test.js",
   "postgres_wait_test.js",
@@ -528,6 +530,7 @@ const bunArgs = (files: string[]) => [
 const COST: Record<string, number> = {
   "postgres_test.js": 33,
   "cli_postgres_test.js": 16,
+  "cli_schema_test.js": 4,
   "postgres_restart_test.js": 15,
   "cli_test.js": 40,
   "users_test.js": 12,
@@ -706,6 +709,7 @@ if (!process.env.RUNLOCK_SKIP_BUN) {
           "cli_tty_test.ts",
           "cli_watch_narrow_test.ts",
           "cli_postgres_test.ts",
+          "cli_schema_test.ts",
           "cli_watch_test.ts",
         ]
           .map((f) => join(root, "tests", f))

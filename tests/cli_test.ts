@@ -1538,7 +1538,7 @@ describe("usage", () => {
     assert.equal(help.code, 0);
     assert.match(
       help.stdout,
-      /runlock status \[--json\] \[--db=URL\] \[--\] <path\|name>/,
+      /runlock status \[--json\] \[--db=URL \[--schema=NAME\]\] \[--\] <path\|name>/,
     );
     const version = cli("--version");
     assert.equal(version.code, 0);

@@ -55,7 +55,8 @@ const RESTORE = "\x1b[?7h\x1b[?25h\x1b[?1049l";
  */
 function frames(output: string): string[][] {
   return output.split(HOME).slice(1).map((f) =>
-    f.split("\x1b[J")[0].replaceAll("\x1b[K", "").split(/\r*\n/)
+    f.split("\x1b[J")[0].replaceAll("\x1b[2K", "").replaceAll("\x1b[K", "")
+      .split(/\r*\n/)
   );
 }
 
@@ -588,7 +589,8 @@ describe("runlock ls --watch", () => {
     assert.ok(
       help.stdout.includes(
         "runlock ls --watch [--json] [--recursive] [--] <dir>\n" +
-          "  runlock ls --db=URL [--json] [--watch [--interval=MS]] [--] [<prefix>]",
+          "  runlock ls --db=URL [--schema=NAME] [--json] [--watch [--interval=MS]]\n" +
+          "            [--] [<prefix>]",
       ),
       help.stdout,
     );

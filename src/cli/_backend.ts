@@ -1,6 +1,8 @@
 /**
  * Where the locks are: lock files (the library), or a PostgreSQL database
- * (`--db=URL` or `RUNLOCK_DATABASE_URL`), behind one small interface that
+ * (`--db=URL` or `RUNLOCK_DATABASE_URL`, its table in the schema
+ * `--schema=NAME` or `RUNLOCK_DATABASE_SCHEMA`, default public, as
+ * `runlock db-setup` prepares it), behind one small interface that
  * the commands use. The PostgreSQL backend is imported here and only here,
  * when asked for: file-lock users never load it, nor its database client.
  *
@@ -14,6 +16,7 @@ import { UsageError } from "./_args.ts";
 import type { Info } from "./_format.ts";
 import { checkLockPath } from "./_paths.ts";
 import { granted } from "./_permissions.ts";
+import { setupAdvice } from "./_setup_advice.ts";
 
 /** How often `run` checks that its lock file is still its own (ms). */
 const LOSS_CHECK_MS = 200;
@@ -66,18 +69,70 @@ const files: Backend = {
   end: () => Promise.resolve(),
 };
 
+/**
+ * The options of the PostgreSQL backend, which every command that takes
+ * locks knows (for `parse`): `--db=URL` and `--schema=NAME`.
+ */
+export const DB_OPTIONS = { db: "value", schema: "value" } as const;
+
+/** The variable that names the schema, as --schema does. */
+export const SCHEMA_VARIABLE = "RUNLOCK_DATABASE_SCHEMA";
+
+/** What `--help` of run, status and wait says of `--db` and `--schema`. */
+export const DB_HELP =
+  `With --db=URL (or RUNLOCK_DATABASE_URL), <name> is a PostgreSQL lock,
+its record in the table runlock_locks of the schema --schema=NAME (or
+RUNLOCK_DATABASE_SCHEMA; default public): the schema that
+runlock db-setup --schema=NAME prepares.`;
+
 /** A database URL, and where it came from (for messages). */
 export interface Url {
   /** The URL as given. */
   text: string;
   /** Where it came from, as messages name it. */
   from: "option '--db'" | "RUNLOCK_DATABASE_URL";
+  /**
+   * The schema of runlock's table (`--schema=NAME`, else
+   * RUNLOCK_DATABASE_SCHEMA), or undefined for pgLocks' default, public.
+   */
+  schema?: { name: string; from: "option '--schema'" | typeof SCHEMA_VARIABLE };
 }
 
-/** The database URL: --db=URL, else RUNLOCK_DATABASE_URL, else none. */
+/**
+ * The database URL: --db=URL, else RUNLOCK_DATABASE_URL, else none; with
+ * the schema of --schema=NAME, else RUNLOCK_DATABASE_SCHEMA. A --schema
+ * without a URL is a usage error (lock files have no schema); the variable
+ * without one is not read, as a shell may set it for every command.
+ */
 export function databaseUrl(
   options: Map<string, string | true>,
 ): Url | undefined {
+  const url = urlOf(options);
+  const given = options.get("schema");
+  if (typeof given === "string") {
+    if (given === "") {
+      throw new UsageError("option '--schema' needs a name: --schema=NAME");
+    }
+    if (url === undefined) {
+      throw new UsageError(
+        "option '--schema' is the PostgreSQL backend's: give --db=URL (or RUNLOCK_DATABASE_URL) too",
+      );
+    }
+    return { ...url, schema: { name: given, from: "option '--schema'" } };
+  }
+  if (url === undefined) return undefined;
+  const name = envValue(SCHEMA_VARIABLE);
+  return name ? { ...url, schema: { name, from: SCHEMA_VARIABLE } } : url;
+}
+
+/** A variable's value; under Deno without --allow-env, none (no prompt). */
+export function envValue(variable: string): string | undefined {
+  if (!granted({ name: "env", variable })) return undefined;
+  return process.env[variable];
+}
+
+/** The URL of --db=URL, else RUNLOCK_DATABASE_URL, else none. */
+function urlOf(options: Map<string, string | true>): Url | undefined {
   const given = options.get("db");
   if (typeof given === "string") {
     if (given === "") {
@@ -85,10 +140,8 @@ export function databaseUrl(
     }
     return { text: given, from: "option '--db'" };
   }
-  // Under Deno, without --allow-env, the variable is not read (no prompt).
   const variable = "RUNLOCK_DATABASE_URL";
-  if (!granted({ name: "env", variable })) return undefined;
-  const text = process.env[variable];
+  const text = envValue(variable);
   return text ? { text, from: variable } : undefined;
 }
 
@@ -125,6 +178,38 @@ export function badUrl(url: Url, err: unknown): UsageError {
     message.replace(/^Cannot create pgLocks as /, "")
       .replaceAll("'url'", name),
   );
+}
+
+/**
+ * pgLocks() for `url`, in its schema; a URL or a schema that it refuses is
+ * a usage error naming the option (or the variable) it came from.
+ */
+export function openLocks(
+  pg: typeof import("../postgres/mod.ts"),
+  url: Url,
+): ReturnType<typeof pg.pgLocks> {
+  try {
+    return pg.pgLocks(
+      url.text,
+      url.schema === undefined ? {} : { schema: url.schema.name },
+    );
+  } catch (err) {
+    const message = err instanceof Error ? err.message : String(err);
+    if (url.schema !== undefined && message.includes("'schema'")) {
+      // "Cannot create pgLocks as 'schema' must be a name of 1 to 63
+      // bytes ...: current value is "..."" (JSON: printable as it is).
+      throw new UsageError(
+        message.replace(/^Cannot create pgLocks as /, "")
+          .replace(
+            "'schema'",
+            url.schema.from === "option '--schema'"
+              ? "option '--schema'"
+              : url.schema.from,
+          ),
+      );
+    }
+    throw badUrl(url, err);
+  }
 }
 
 /** This host's name, when it may be read without a prompt. */
@@ -165,18 +250,18 @@ export function postgres(): Promise<typeof import("../postgres/mod.ts")> {
 /** Locks on a PostgreSQL database. */
 async function database(url: Url): Promise<Backend> {
   const pg = await postgres();
-  let locks: ReturnType<typeof pg.pgLocks>;
-  try {
-    locks = pg.pgLocks(url.text);
-  } catch (err) {
-    throw badUrl(url, err);
-  }
+  const locks = openLocks(pg, url);
   const here = hostHere();
   return {
     // Any text is a lock name.
     check: () => {},
     inspect: async (name) => pgInfo(await locks.inspect(name), here),
-    acquire: (name, options) => locks.acquire(name, options),
+    // A role that may not create runlock's table: the advice's SQL on
+    // lines of its own (inspect creates nothing, so never meets it).
+    acquire: (name, options) =>
+      locks.acquire(name, options).catch((err) => {
+        throw setupAdvice(err, name);
+      }),
     // The class that module re-exports, which is runlock's own (one copy
     // under Deno; the npm build keeps it one copy too).
     isHeld: (err): err is Error =>

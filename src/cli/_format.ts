@@ -8,6 +8,7 @@
 import type { Inspection } from "../../mod.ts";
 import { UsageError } from "./_args.ts";
 import { granted } from "./_permissions.ts";
+import { Said } from "./_said.ts";
 import { width } from "./_width.ts";
 
 /**
@@ -65,7 +66,7 @@ export function printable(text: string): string {
  * A command's run, its errors' messages made {@linkcode printable} (main
  * prints them, and a library error names the lock as it is): a usage error
  * stays one; any other error becomes an Error with the original as its
- * cause.
+ * cause. A {@linkcode Said} is runlock's own layout, printable already.
  */
 export function printableErrors<A extends unknown[]>(
   run: (...args: A) => Promise<number>,
@@ -74,7 +75,7 @@ export function printableErrors<A extends unknown[]>(
     try {
       return await run(...args);
     } catch (err) {
-      if (!(err instanceof Error)) throw err;
+      if (!(err instanceof Error) || err instanceof Said) throw err;
       const message = printable(err.message);
       if (message === err.message) throw err;
       if (err instanceof UsageError) throw new UsageError(message);

@@ -92,7 +92,9 @@ PostgreSQL (--db=URL, or RUNLOCK_DATABASE_URL for status, run and wait):
   that start with <prefix>; ls --watch --db follows them by polling
   pg_locks (every --interval=MS, 1000 by default): PostgreSQL tells nobody
   when an advisory lock is taken or dropped. ls takes --db only, not the
-  variable.
+  variable. The table is runlock_locks in the schema --schema=NAME (or
+  RUNLOCK_DATABASE_SCHEMA, which ls reads too; default public): the one
+  that runlock db-setup --schema=NAME prepares.
 
 exit codes: 0 ok/held, 1 free/stale/timeout, 2 usage or error, 75 held by
 another run (run), 126/127 command not executable/not found; run otherwise

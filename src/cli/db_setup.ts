@@ -8,7 +8,12 @@
 import { process } from "../_process.ts";
 import { redact } from "../_redact.ts";
 import { parse, UsageError } from "./_args.ts";
-import { databaseUrl, postgres } from "./_backend.ts";
+import {
+  databaseUrl,
+  envValue,
+  postgres,
+  SCHEMA_VARIABLE,
+} from "./_backend.ts";
 import type { Command } from "./_help.ts";
 import type { CliIo } from "./_io.ts";
 import { granted } from "./_permissions.ts";
@@ -25,6 +30,13 @@ async function dbSetup(args: string[], io: CliIo): Promise<number> {
       `db-setup: unexpected argument '${redact(rest[0])}'`,
     );
   }
+  // The schema the other commands use: --schema, else the variable (here
+  // without a URL too: the URL only names the role).
+  const given = options.get("schema");
+  options.delete("schema");
+  const schema = typeof given === "string"
+    ? given
+    : envValue(SCHEMA_VARIABLE) || undefined;
   const url = databaseUrl(options);
   let role: string | undefined;
   if (url !== undefined) {
@@ -57,9 +69,17 @@ async function dbSetup(args: string[], io: CliIo): Promise<number> {
   const pg = await postgres();
   let sql: string;
   try {
-    sql = pg.pgSetupSql({ schema: options.get("schema") as string, role });
+    sql = pg.pgSetupSql({ schema, role });
   } catch (err) {
-    throw new UsageError(`db-setup: ${(err as Error).message}`);
+    const message = (err as Error).message;
+    throw new UsageError(
+      `db-setup: ${
+        typeof given === "string" ? message : message.replace(
+          "'schema'",
+          SCHEMA_VARIABLE,
+        )
+      }`,
+    );
   }
   io.out(sql.trimEnd());
   return 0;
@@ -75,6 +95,8 @@ role of --db's URL what it needs to take locks (USAGE on the
 schema; SELECT, INSERT, UPDATE on the table). For a role that may
 not create the table on first use: run the SQL as the schema's
 owner, e.g. runlock db-setup --db=URL | psql OWNER_URL. Connects
-to nothing. Exit 0.`,
+to nothing. Exit 0. The schema is --schema=NAME, else the variable
+RUNLOCK_DATABASE_SCHEMA, which run, status, wait and ls read too:
+give them the same --schema=NAME (or set the variable for all).`,
   run: dbSetup,
 };

@@ -12,9 +12,10 @@ import { redact } from "../_redact.ts";
 import { scan, watch } from "../../mod.ts";
 import { onePath, parse, UsageError } from "./_args.ts";
 import {
-  badUrl,
   databaseUrl,
+  DB_OPTIONS,
   hostHere,
+  openLocks,
   pgInfo,
   postgres,
   type Url,
@@ -68,11 +69,17 @@ function request(args: string[]): Request {
     recursive: "flag",
     watch: "flag",
     interval: "value",
-    db: "value",
+    ...DB_OPTIONS,
   }, "ls");
   const watching = options.has("watch");
   // Only --db: RUNLOCK_DATABASE_URL would turn `ls DIR` into a listing of
   // a database for whoever has it set for run and status.
+  // Its schema: --schema, else RUNLOCK_DATABASE_SCHEMA.
+  if (options.has("schema") && !options.has("db")) {
+    throw new UsageError(
+      "ls: option '--schema' is the PostgreSQL backend's: it needs --db=URL",
+    );
+  }
   const url = options.has("db") ? databaseUrl(options) : undefined;
   const given = options.get("interval");
   if (given !== undefined && !watching) {
@@ -131,14 +138,12 @@ function kindOf(dir: string): "directory" | "other" | "missing" {
   }
 }
 
-/** Opens the database of `url`; a URL that is not postgres:// is usage. */
+/**
+ * Opens the database of `url`, in its schema; a URL that is not
+ * postgres:// (or a schema that is no name) is usage.
+ */
 async function database(url: Url) {
-  const pg = await postgres();
-  try {
-    return pg.pgLocks(url.text);
-  } catch (err) {
-    throw badUrl(url, err);
-  }
+  return openLocks(await postgres(), url);
 }
 
 /** Prints `found` as `runlock ls` does: a JSON array, or aligned lines. */
@@ -286,12 +291,13 @@ async function live(req: Request, io: CliIo): Promise<number> {
   throw reason;
 }
 
-/** `runlock ls [--watch] [--json] [--recursive] [--db=URL] [--] <dir>`. */
+/** `runlock ls [--watch] [--json] [--recursive] [--db=URL [--schema=NAME]] [--] <dir>`. */
 export const lsCommand: Command = {
   name: "ls",
   usage: `runlock ls [--json] [--recursive] [--] <dir>
 runlock ls --watch [--json] [--recursive] [--] <dir>
-runlock ls --db=URL [--json] [--watch [--interval=MS]] [--] [<prefix>]`,
+runlock ls --db=URL [--schema=NAME] [--json] [--watch [--interval=MS]]
+          [--] [<prefix>]`,
   help: `One line per lock file in <dir> (any file name; --recursive: the
 whole tree, no symlinks followed): state, pid, host, age, command,
 path. Exit 0. --json prints an array of inspect() results.
@@ -305,7 +311,10 @@ one plain line per change: the kind, then the columns above.
 Lock files are watched through the kernel (inotify), not polled.
 --db=URL: the PostgreSQL lock names that start with <prefix> (all
 without one), from the runlock_locks table and pg_locks; --watch
-polls them every --interval=MS (default ${INTERVAL_MS}).
+polls them every --interval=MS (default ${INTERVAL_MS}). The table is the
+one of the schema --schema=NAME (or RUNLOCK_DATABASE_SCHEMA; default
+public), as runlock db-setup --schema=NAME prepares it. ls takes the
+URL from --db only, never from RUNLOCK_DATABASE_URL.
 Ends on Ctrl-C, SIGTERM or SIGHUP (exit 128+N), when <dir> is
 removed (exit 1, said on stderr), or at its next line after the
 reader of its output has gone (exit 0: ls --watch --json DIR |

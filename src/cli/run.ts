@@ -13,6 +13,8 @@ import {
   type Backend,
   backend,
   databaseUrl,
+  DB_HELP,
+  DB_OPTIONS,
   type HeldLock,
 } from "./_backend.ts";
 import { clip, printable, printableErrors } from "./_format.ts";
@@ -79,7 +81,7 @@ async function run(args: string[], io: CliIo): Promise<number> {
     "on-lost": "value",
     meta: "repeat",
     "no-cmd": "flag",
-    db: "value",
+    ...DB_OPTIONS,
   }, "run");
   const waitFor = options.get("wait");
   if (waitFor === true && /^\d+(\.\d*)?$/.test(afterOptions[0] ?? "")) {
@@ -362,7 +364,7 @@ export const runCommand: Command = {
   name: "run",
   usage:
     `runlock run [--wait[=SECONDS]] [--conflict-exit-code=N] [--on-lost=warn|term]
-            [--meta KEY=VALUE]... [--no-cmd] [--db=URL]
+            [--meta KEY=VALUE]... [--no-cmd] [--db=URL [--schema=NAME]]
             [--] <path|name> -- <command> [args...]`,
   help: `Take the lock, run the command in a session of its own with
 inherited stdio, forward every signal runlock gets to the
@@ -387,6 +389,8 @@ if runlock itself is SIGKILLed, the lock lives on for as long as
 the command (or what it started with fd 3 open) runs, and status
 says held with runlock's pid; the next run takes it once they end.
 With --db the lock is runlock's database session, which ends with
-runlock: the command then runs on without it.`,
+runlock: the command then runs on without it.
+${DB_HELP}
+A role that may not create that table is told the SQL to run once.`,
   run: printableErrors(run),
 };

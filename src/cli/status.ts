@@ -6,7 +6,7 @@
  */
 
 import { onePath, parse } from "./_args.ts";
-import { backend, databaseUrl } from "./_backend.ts";
+import { backend, databaseUrl, DB_HELP, DB_OPTIONS } from "./_backend.ts";
 import {
   describeState,
   pidWarning,
@@ -20,7 +20,7 @@ import type { CliIo } from "./_io.ts";
 async function status(args: string[], io: CliIo): Promise<number> {
   const { options, rest } = parse(
     args,
-    { json: "flag", db: "value" },
+    { json: "flag", ...DB_OPTIONS },
     "status",
   );
   const name = onePath(rest, "status");
@@ -48,10 +48,10 @@ async function status(args: string[], io: CliIo): Promise<number> {
   }
 }
 
-/** `runlock status [--json] [--db=URL] [--] <path|name>`. */
+/** `runlock status [--json] [--db=URL [--schema=NAME]] [--] <path|name>`. */
 export const statusCommand: Command = {
   name: "status",
-  usage: "runlock status [--json] [--db=URL] [--] <path|name>",
+  usage: "runlock status [--json] [--db=URL [--schema=NAME]] [--] <path|name>",
   help: `Print who holds the lock and what it runs:
   held by pid 4242 on build-7 since 09:52:11 (3m ago): ./sync.sh
 then one "  KEY=VALUE" line per other --meta field; or "free", or
@@ -61,6 +61,7 @@ namespace, another kernel boot, on another host): do not kill it
 from here.
 Exit 0 when a live run holds it, 1 when free or stale, 2 when the
 file is invalid or on error. --json prints the inspect() result
-(with meta, bootId, pidNamespace, pidValidHere, pidElsewhere).`,
+(with meta, bootId, pidNamespace, pidValidHere, pidElsewhere).
+${DB_HELP}`,
   run: printableErrors(status),
 };

@@ -5,7 +5,7 @@
  */
 
 import { onePath, parse, seconds } from "./_args.ts";
-import { backend, databaseUrl } from "./_backend.ts";
+import { backend, databaseUrl, DB_HELP, DB_OPTIONS } from "./_backend.ts";
 import { describeState, printable, printableErrors } from "./_format.ts";
 import type { Command } from "./_help.ts";
 import { type CliIo, Progress } from "./_io.ts";
@@ -13,7 +13,7 @@ import { type CliIo, Progress } from "./_io.ts";
 async function wait(args: string[], io: CliIo): Promise<number> {
   const { options, rest } = parse(
     args,
-    { timeout: "value", db: "value" },
+    { timeout: "value", ...DB_OPTIONS },
     "wait",
   );
   const timeout = seconds("timeout", options.get("timeout"));
@@ -52,11 +52,14 @@ async function wait(args: string[], io: CliIo): Promise<number> {
   }
 }
 
-/** `runlock wait [--timeout=SECONDS] [--db=URL] [--] <path|name>`. */
+/** `runlock wait [--timeout=SECONDS] [--db=URL [--schema=NAME]]
+            [--] <path|name>`. */
 export const waitCommand: Command = {
   name: "wait",
-  usage: "runlock wait [--timeout=SECONDS] [--db=URL] [--] <path|name>",
+  usage:
+    "runlock wait [--timeout=SECONDS] [--db=URL [--schema=NAME]] [--] <path|name>",
   help: `Wait until no live run holds the lock. Exit 0 then, 1 on timeout
-(saying on stderr who still holds it).`,
+(saying on stderr who still holds it).
+${DB_HELP}`,
   run: printableErrors(wait),
 };

@@ -4,7 +4,7 @@
 import { redact } from "../_redact.ts";
 import { RunlockError } from "../errors.ts";
 import type { Options, Target } from "./_options.ts";
-import { CreateRefused, schemaArgument } from "./_schema.ts";
+import { CreateRefused, schemaArgument, SETUP_ADVICE } from "./_schema.ts";
 import {
   ClientMissing,
   describe,
@@ -52,8 +52,10 @@ export function refused(
 ): RunlockError {
   if (err instanceof RunlockError) return err;
   if (err instanceof CreateRefused) {
-    // The grant, and the DDL to run once (see _schema.ts).
-    return new RunlockError(
+    // The grant, and the DDL to run once (see _schema.ts); in parts too,
+    // for the CLI, which prints the SQL as lines (no part holds the URL's
+    // password: the server, the action and the advice are scrubbed alike).
+    const error = new RunlockError(
       name,
       scrub(
         target,
@@ -61,6 +63,19 @@ export function refused(
       ),
       { cause: err.cause },
     );
+    const a = err.advice;
+    Object.defineProperty(error, SETUP_ADVICE, {
+      value: {
+        action,
+        server: scrub(target, target.text),
+        advice: {
+          ...a,
+          what: scrub(target, a.what),
+          serverMessage: scrub(target, a.serverMessage),
+        },
+      },
+    });
+    return error;
   }
   const how = isSessionError(err)
     ? "lost the connection to"

@@ -17,12 +17,48 @@ import {
  * `refused` (in _options.ts) puts the lock name and the server in front.
  */
 export class CreateRefused extends Error {
+  /** The advice in parts, for a caller that lays it out (the CLI). */
+  readonly advice: SetupAdvice;
   /** Creates the error; `cause` is the server's error. */
-  constructor(message: string, options: ErrorOptions) {
-    super(message, options);
+  constructor(advice: SetupAdvice, options: ErrorOptions) {
+    super(adviceText(advice), options);
     this.name = "CreateRefused";
+    this.advice = advice;
   }
 }
+
+/**
+ * What the server refused to create, and the two ways out, in parts: the
+ * library's message joins them (adviceText); the CLI prints each part on
+ * lines of its own, quoting for the terminal only what came from outside
+ * (the lock name, the server's words), so that the SQL pastes into psql.
+ */
+export interface SetupAdvice {
+  /** What runlock was creating: `runlock's table "s".runlock_locks`. */
+  what: string;
+  /** The server's message (its words, in its language). */
+  serverMessage: string;
+  /** The role the session runs as (its current_user). */
+  role: string;
+  /** Who may run the SQL: `the schema's owner or a superuser`. */
+  owner: string;
+  /** The grant that lets `role` create it on first use. */
+  grant: string;
+  /** ` --schema=NAME` for `runlock db-setup`, or "" for public. */
+  schemaArgument: string;
+  /** The DDL and grants to run once instead, as lines. */
+  sql: string[];
+}
+
+/**
+ * The symbol under which a RunlockError that {@linkcode refused} made of a
+ * CreateRefused keeps its {@linkcode SetupAdvice} (not enumerable): the
+ * CLI reads it to print the SQL as lines. Symbol.for, so that it is one
+ * symbol in every copy of the module (ESM and CommonJS builds).
+ */
+export const SETUP_ADVICE: unique symbol = Symbol.for(
+  "runlock.postgres.setupAdvice",
+) as never;
 
 /**
  * Creates `schema` (if missing) and its `runlock_locks` table, if missing.
@@ -69,7 +105,7 @@ export async function createTable(
     ).catch(() => undefined);
     if (who === undefined) throw err;
     throw new CreateRefused(
-      createAdvice(
+      setupAdvice(
         schema,
         schemaExists,
         String(who[0].role),
@@ -82,13 +118,13 @@ export async function createTable(
 }
 
 /** What runlock was creating, the grant that fixes it, and the DDL. */
-function createAdvice(
+function setupAdvice(
   schema: string,
   schemaExists: boolean,
   role: string,
   database: string,
   serverMessage: string,
-): string {
+): SetupAdvice {
   const what = schemaExists
     ? `runlock's table ${quoteIdent(schema)}.runlock_locks`
     : `the schema ${JSON.stringify(schema)} and runlock's table ${
@@ -102,20 +138,31 @@ function createAdvice(
   const owner = schemaExists
     ? "the schema's owner or a superuser"
     : "the database's owner or a superuser";
-  const statements = ddl(schema, role, !schemaExists);
-  return [
-    `refused to create ${what}, which runlock creates on first use: ` +
-    `${serverMessage} (42501). Either let role ${
-      JSON.stringify(role)
-    } create it, once, as ${owner}:`,
-    `  ${grant}`,
-    `or create it once yourself (as ${owner}; \`runlock db-setup --db=URL` +
-    `${
-      schemaArgument(schema)
-    }\` prints the same) and give the role only what it needs to take locks:`,
-    ...statements.flatMap((statement) => statement.split("\n")).map((l) =>
-      `  ${l}`
+  return {
+    what,
+    serverMessage,
+    role,
+    owner,
+    grant,
+    schemaArgument: schemaArgument(schema),
+    sql: ddl(schema, role, !schemaExists).flatMap((statement) =>
+      statement.split("\n")
     ),
+  };
+}
+
+/** The library's message: the advice on indented lines. */
+function adviceText(a: SetupAdvice): string {
+  return [
+    `refused to create ${a.what}, which runlock creates on first use: ` +
+    `${a.serverMessage} (42501). Either let role ${
+      JSON.stringify(a.role)
+    } create it, once, as ${a.owner}:`,
+    `  ${a.grant}`,
+    `or create it once yourself (as ${a.owner}; \`runlock db-setup --db=URL` +
+    `${a.schemaArgument}\` prints the same) and give the role only what it ` +
+    `needs to take locks:`,
+    ...a.sql.map((l) => `  ${l}`),
   ].join("\n");
 }
 
