@@ -55,7 +55,9 @@ const END = "\x1b[J";
  */
 function frames(output: string): string[][] {
   return output.split(HOME).slice(1).filter((f) => f.includes(END)).map((f) =>
-    f.split(END)[0].replaceAll("\x1b[K", "").split(/\r*\n/)
+    f.split(END)[0].replaceAll("\x1b[2K", "").replaceAll("\x1b[K", "").split(
+      /\r*\n/,
+    )
   );
 }
 
@@ -182,7 +184,36 @@ async function at(
   };
 }
 
+/**
+ * The lines of the frames drawn whole, with their escapes: each line as
+ * sent, between the frame's start and its erase-below.
+ */
+function rawLines(output: string): string[] {
+  return output.split(HOME).slice(1).filter((f) => f.includes(END)).flatMap(
+    (f) => f.split(END)[0].split(/\r*\n/),
+  );
+}
+
 describe("runlock ls --watch on a narrow terminal", () => {
+  test("a line that fills the width keeps its last column: no erase to the line's end follows it (with wrapping off, the cursor stays on that column and the erase would take its character)", async () => {
+    const path = "var/state/nightly/deploy-the-widths.lock";
+    await table([[path, "./deploy.sh"]], 30, async (term) => {
+      const f = await frame(
+        term,
+        (f) => f.length === 3 && f[2].endsWith("widths.lock"),
+        "the row ending with its path's end",
+      );
+      assert.ok(fits(f, 30), f.join("\n"));
+      const full = rawLines(term.output).filter((l) =>
+        columns(l.replace(/\x1b\[[0-9;?]*[A-Za-z]/g, "")) === 30
+      );
+      assert.ok(full.length > 0, "no line filled the width");
+      for (const line of full) {
+        assert.ok(!line.endsWith("\x1b[K"), JSON.stringify(line));
+      }
+    });
+  });
+
   test("every line fits the width in terminal columns (a CJK character two, a combining accent none), from 60 columns down to 16: cut with '…', not wrapped, and never inside a surrogate pair (𠮷) or a combining sequence (é)", async () => {
     // In the table's order; the widest is 38 columns, 36 code points.
     const paths = [

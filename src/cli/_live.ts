@@ -136,7 +136,12 @@ const WRAP_OFF = "\x1b[?7l";
 const WRAP_ON = "\x1b[?7h";
 const HOME = "\x1b[H";
 const CLEAR_SCREEN = "\x1b[2J";
-const CLEAR_LINE_END = "\x1b[K";
+/**
+ * Erases a line before it is drawn. Not after: a line that fills the
+ * width leaves the cursor on its last column (wrapping is off), where an
+ * erase to the line's end would erase that column's character.
+ */
+const CLEAR_LINE = "\x1b[2K";
 const CLEAR_BELOW = "\x1b[J";
 
 /**
@@ -301,7 +306,7 @@ export class LiveTable implements Sink {
     const { columns, rows } = this.#screen.size();
     const lines = this.lines(now, Math.max(1, columns), Math.max(1, rows));
     const frame = HOME +
-      lines.map((l) => l + CLEAR_LINE_END).join("\r\n") + CLEAR_BELOW;
+      lines.map((l) => CLEAR_LINE + l).join("\r\n") + CLEAR_BELOW;
     if (force || frame !== this.#frame) {
       this.#screen.write(force ? CLEAR_SCREEN + frame : frame);
       this.#frame = frame;
