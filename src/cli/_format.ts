@@ -6,6 +6,7 @@
  */
 
 import type { Inspection } from "../../mod.ts";
+import { process } from "../_process.ts";
 import { UsageError } from "./_args.ts";
 import { granted } from "./_permissions.ts";
 import { Said } from "./_said.ts";
@@ -155,6 +156,13 @@ export function describeState(info: Info, now: Date = new Date()): string {
           ago(now.getTime() - info.started.getTime())
         })`;
       }
+      if (!info.foreign && gone(info)) {
+        // The flock outlived its taker: `runlock run` handed it to its
+        // command (PROTOCOL.md, "Handing the lock to a command"), which, or
+        // what it started, holds it still.
+        line += ` (pid ${info.pid} is gone: the command it ran, or what ` +
+          `that started, holds the lock; fuser -v names it)`;
+      }
       if (info.foreign) {
         // Under Deno, kill(pid, 0) needs --allow-run: without it, the
         // library could not look, and counts the file as held.
@@ -172,6 +180,24 @@ export function describeState(info: Info, now: Date = new Date()): string {
       return `invalid: ${printable(info.path)}: ${
         printable(info.reason ?? "")
       }`;
+  }
+}
+
+/**
+ * Whether a held file lock's recorded PID is a process of this host that
+ * is gone (kill(pid, 0) says ESRCH), which a held flock means the lock
+ * was handed on. False when that cannot be asked (Deno without
+ * --allow-run) or the PID is another host's, boot's or namespace's.
+ */
+function gone(info: Info): boolean {
+  if (info.pidValidHere !== true || info.pid <= 0) return false;
+  if (info.backendPid !== undefined) return false; // a PostgreSQL lock
+  if (!granted({ name: "run" })) return false;
+  try {
+    process.kill(info.pid, 0);
+    return false;
+  } catch (err) {
+    return (err as { code?: unknown })?.code === "ESRCH";
   }
 }
 

@@ -29,6 +29,25 @@ import {
   STOPS,
 } from "./_signals.ts";
 
+/** The descriptor number the command gets the lock's descriptor at. */
+const HANDED_FD = 9;
+
+/**
+ * The command's descriptors: runlock's stdio, nothing at 3 to 8 (a
+ * descriptor runlock itself inherited there is left alone where the
+ * runtime passes them on), and the lock's at HANDED_FD.
+ */
+function handedOn(fd: number): ("inherit" | "ignore" | number)[] {
+  const stdio: ("inherit" | "ignore" | number)[] = [
+    "inherit",
+    "inherit",
+    "inherit",
+  ];
+  while (stdio.length < HANDED_FD) stdio.push("ignore");
+  stdio.push(fd);
+  return stdio;
+}
+
 /** The exit code when another run holds the lock (EX_TEMPFAIL). */
 const EX_TEMPFAIL = 75;
 /** The longest command line `run` records as `meta.cmd`, in characters. */
@@ -226,17 +245,18 @@ async function run(args: string[], io: CliIo): Promise<number> {
       // systemd, kill PID) reaches the command the same way. The price: the
       // command has no controlling terminal (it still reads and writes the
       // terminal through its stdio, but cannot open /dev/tty).
-      // The lock's descriptor goes to the command as its fd 3, as flock(1)
-      // hands on its own: if runlock itself dies (SIGKILL, the OOM
-      // killer), the kernel keeps the flock for as long as the command, or
-      // what it started with the descriptor open, lives, and the next run
-      // is refused meanwhile (PROTOCOL.md, "Release"). A PostgreSQL lock
-      // is runlock's database session, which cannot be handed on.
+      // The lock's descriptor goes to the command as its fd 9
+      // (HANDED_FD), as flock(1) hands on its own: if runlock itself dies
+      // (SIGKILL, the OOM killer), the kernel keeps the flock for as long
+      // as the command, or what it started with the descriptor open,
+      // lives, and the next run is refused meanwhile (PROTOCOL.md,
+      // "Handing the lock to a command"). Not fd 3, which tools write to
+      // as their own (bats): a write there would land in the record.
+      // A PostgreSQL lock is runlock's database session, which cannot be
+      // handed on.
       const fd = lockDescriptor(lock);
       const started = spawn(command[0], command.slice(1), {
-        stdio: fd === undefined
-          ? "inherit"
-          : ["inherit", "inherit", "inherit", fd],
+        stdio: fd === undefined ? "inherit" : handedOn(fd),
         detached: true,
       });
       child = started;
@@ -384,10 +404,11 @@ If the lock is lost while the command runs (its file deleted or
 replaced; with --db, its database session ended), runlock says so
 on stderr at once and the command keeps running; --on-lost=term
 sends SIGTERM to the command's process group instead.
-The command gets the lock's descriptor as fd 3, as with flock(1):
+The command gets the lock's descriptor as fd 9, as with flock(1):
 if runlock itself is SIGKILLed, the lock lives on for as long as
-the command (or what it started with fd 3 open) runs, and status
-says held with runlock's pid; the next run takes it once they end.
+the command (or what it started with fd 9 open: start a daemon
+with 9>&-) runs, and status says held with runlock's pid, gone;
+the next run takes it once they end.
 With --db the lock is runlock's database session, which ends with
 runlock: the command then runs on without it.
 ${DB_HELP}
