@@ -172,6 +172,27 @@ describe("runlock: usage errors", () => {
       }
     }
   });
+
+  test("--db that starts as a postgres:// URL but does not parse (a port that is no number, an unclosed IPv6 bracket) says what to check, not that it must be a postgres:// URL, and never the password", () => {
+    for (
+      const db of [
+        "postgres://app:hunter2-secret@db:notaport/app",
+        "postgres://app:hunter2-secret@db:99999/app",
+        "postgres://app:hunter2-secret@[::1/app",
+      ]
+    ) {
+      const r = cli("status", `--db=${db}`, "k");
+      assert.equal(r.code, 2, db);
+      assert.equal(r.stdout, "", db);
+      assert.equal(
+        r.stderr.split("\n")[0],
+        "runlock: --db is not a URL: check host, port; percent-encode @:/?# in passwords",
+        db,
+      );
+      assert.doesNotMatch(r.stderr, /hunter2/, `${db}: the password`);
+      fits80(r, db);
+    }
+  });
 });
 
 describe("runlock run: a command that cannot be started", () => {

@@ -165,7 +165,15 @@ export function badUrl(url: Url, err: unknown): UsageError {
     )
   ) {
     // Not echoed: it was typed (or set) by the reader, and a value that is
-    // no URL is where redact() has least to go on.
+    // no URL is where redact() has least to go on. One that starts as a
+    // PostgreSQL URL is one whose parts do not parse (a port that is not a
+    // number, an unclosed IPv6 bracket, a password's '@' or '/').
+    if (/^postgres(ql)?:\/\//i.test(url.text)) {
+      return new UsageError(
+        `${name} is not a URL: check host, port; percent-encode @:/?# in ` +
+          `passwords`,
+      );
+    }
     return new UsageError(
       name === "--db"
         ? "--db must be a postgres:// URL, e.g. postgres://user@host/db"
