@@ -205,6 +205,7 @@ describe("runlock ls --watch on a narrow terminal", () => {
       );
       assert.ok(fits(f, 30), f.join("\n"));
       const full = rawLines(term.output).filter((l) =>
+        // deno-lint-ignore no-control-regex -- the escapes are the point
         columns(l.replace(/\x1b\[[0-9;?]*[A-Za-z]/g, "")) === 30
       );
       assert.ok(full.length > 0, "no line filled the width");
