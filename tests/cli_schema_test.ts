@@ -23,7 +23,13 @@ import {
   start,
 } from "./_cli.ts";
 import { tempDir } from "./_helpers.ts";
-import { type Cluster, psql, startCluster } from "./fixtures/pg_cluster.ts";
+import { commandLines, docBlock } from "./_readme.ts";
+import {
+  type Cluster,
+  findPgBin,
+  psql,
+  startCluster,
+} from "./fixtures/pg_cluster.ts";
 
 const testable = cliPgTestable("the CLI's --schema and setup advice");
 
@@ -213,6 +219,42 @@ describe("runlock --db: the schema of db-setup, and the SQL a role needs", {
     }
   });
 
+  test("docs/cli.md's --schema lines, run as written (db-setup piped to psql as the owner, run, then status with the variable) against a role that may create nothing", () => {
+    const app = role("doc");
+    const db = database("doc");
+    const [cmd, ...pre] = cliCommand();
+    const runlock = [cmd, ...pre].map((w) => `'${w.replaceAll("'", `'\\''`)}'`)
+      .join(" ");
+    const psqlBin = spawnSync("sh", ["-c", "command -v psql"], {
+      encoding: "utf8",
+    }).stdout.trim() || join(findPgBin()!, "psql");
+    const lines = commandLines(docBlock("cli.md", "cli-schema"));
+    assert.equal(lines.length, 3);
+    const codes = lines.map((line) => {
+      const sh = line
+        .replaceAll("postgres://app@db-host/app", as(app, db))
+        .replaceAll("postgres://owner@db-host/app", owner(db))
+        .replace(/^runlock /, `${runlock} `)
+        .replace(/\| psql /, `| '${psqlBin}' -q -v ON_ERROR_STOP=1 `)
+        .replace(
+          "RUNLOCK_DATABASE_SCHEMA=ops runlock ",
+          `RUNLOCK_DATABASE_SCHEMA=ops ${runlock} `,
+        )
+        .replace("./sync.sh", "true");
+      const r = spawnSync("sh", ["-c", sh], {
+        encoding: "utf8",
+        env: { ...process.env, NO_COLOR: "1" },
+      });
+      return `${r.status} ${r.stdout.trim().split("\n")[0]}`;
+    });
+    assert.deepEqual(
+      codes.map((c) => c.split(" ")[0]),
+      ["0", "0", "1"],
+      codes.join("\n"),
+    );
+    assert.equal(codes[2], "1 free");
+  });
+
   test("--schema is the PostgreSQL backend's: without a URL, empty, or not a name, it is a usage error that says so", () => {
     const url = `--db=${as("nobody")}`;
     const cases: [string[], RegExp][] = [
@@ -287,6 +329,21 @@ describe("runlock --db: the schema of db-setup, and the SQL a role needs", {
         "m",
       ),
     );
+    // docs/cli.md shows this message for sync/main, role and database
+    // "app" on db-host: each of its lines is one the CLI prints, in order.
+    const doc = docBlock("cli.md", "cli-schema-advice").text
+      .replaceAll("db-host:5432", `${cluster.host}:${cluster.port}`)
+      .replaceAll('database "app"', `database "${db}"`)
+      .replaceAll('"app"', `"${app}"`)
+      .split("\n").filter((l) => l !== "" && l !== "  ...");
+    const shown = cli("run", url, "sync/main", "--", "true").stderr
+      .split("\n");
+    let from = 0;
+    for (const line of doc) {
+      const at = shown.indexOf(line, from);
+      assert.ok(at >= 0, `docs/cli.md's line ${JSON.stringify(line)}`);
+      from = at + 1;
+    }
     psql(owner(db), ddl);
     const ok = cli("run", url, name, "--", "echo", "ran");
     assert.equal(ok.code, 0, ok.stderr);

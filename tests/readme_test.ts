@@ -294,10 +294,19 @@ describe("the documents and the first release", {
   });
 });
 
+/**
+ * The reader's npm prefix and home (see the README's "Install" block),
+ * which the later describes' lines run with (readerEnv): removed once
+ * the file's tests are done, not when the describe that made it is.
+ */
+let scratch = "";
+after(() => {
+  if (scratch) rmSync(scratch, { recursive: true, force: true });
+});
+
 describe("the README and docs, run as written (Deno)", {
   skip: runtime !== "deno",
 }, () => {
-  let scratch = "";
   before(() => {
     // The README's "Install" line, in a shell whose PATH has no deno, with
     // npm's global prefix in a directory of the test's own, on that PATH as
@@ -343,9 +352,6 @@ describe("the README and docs, run as written (Deno)", {
     const again = newShell("deno --version", join(npmPrefix, "bin"), home);
     assert.equal(again.code, 0, `a new shell: ${again.stderr}`);
     assert.match(again.stdout, /^deno 2\.9\.6 /);
-  });
-  after(() => {
-    if (scratch) rmSync(scratch, { recursive: true, force: true });
   });
 
   test("Quick start: two processes with the README's deno.json, program and deno run line; the second is refused with the first one's pid and exits 75", async () => {
