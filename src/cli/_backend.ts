@@ -83,7 +83,8 @@ export const DB_HELP =
   `With --db=URL (or RUNLOCK_DATABASE_URL), <name> is a PostgreSQL lock,
 its record in the table runlock_locks of the schema --schema=NAME (or
 RUNLOCK_DATABASE_SCHEMA; default public): the schema that
-runlock db-setup --schema=NAME prepares.`;
+runlock db-setup --schema=NAME prepares. The schema is part of the
+lock: runs that name another schema never exclude each other.`;
 
 /** A database URL, and where it came from (for messages). */
 export interface Url {

@@ -94,7 +94,8 @@ PostgreSQL (--db=URL, or RUNLOCK_DATABASE_URL for status, run and wait):
   when an advisory lock is taken or dropped. ls takes --db only, not the
   variable. The table is runlock_locks in the schema --schema=NAME (or
   RUNLOCK_DATABASE_SCHEMA, which ls reads too; default public): the one
-  that runlock db-setup --schema=NAME prepares.
+  that runlock db-setup --schema=NAME prepares. The schema is part of the
+  lock: runs that name another schema never exclude each other.
 
 exit codes: 0 ok/held, 1 free/stale/timeout, 2 usage or error, 75 held by
 another run (run), 126/127 command not executable/not found; run otherwise
