@@ -15,6 +15,7 @@ import { platform as p } from "./platform/current.ts";
 import { type FileInfo, type Handle, SysError } from "./platform/types.ts";
 import { MAX_RECORD_BYTES, parseRecord } from "./record.ts";
 import {
+  childAlive,
   elsewhere,
   errnoOf,
   foreignAlive,
@@ -141,8 +142,14 @@ function holderOf(target: Target, handle: Handle, ours: FileInfo): Verdict {
   // file, and so the flock, until it calls exec. Look again, as for a
   // takeover, before calling it held.
   const live = pid > 0 && !far ? liveness(pid) : "unknown";
+  // A dead runlock run whose command lives holds it through that command
+  // (PROTOCOL.md, "Handing the lock to a command"): no takeover.
+  const child = record.kind === "runlock" && live === "dead" &&
+      childAlive(record.child)
+    ? record.child
+    : 0;
   const sure = record.kind !== "garbage" &&
-    (pid === 0 || (!far && live !== "dead"));
+    (pid === 0 || (!far && (live !== "dead" || child > 0)));
   // What a waiter's first look would see: spare it the open (its flock
   // is asked of this descriptor, which the waiter closes).
   if (record.kind === "runlock" && live === "alive") {
@@ -153,7 +160,7 @@ function holderOf(target: Target, handle: Handle, ours: FileInfo): Verdict {
       sure,
     };
   }
-  return { kind: "held", held: { pid, host, started }, sure };
+  return { kind: "held", held: { pid, host, started, child }, sure };
 }
 
 /** Step 3: link said EEXIST. Decide who, if anyone, holds the file. */

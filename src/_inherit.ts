@@ -17,7 +17,22 @@ export interface Descriptor {
   ino: number;
 }
 
+/**
+ * The key of acquire's option (`true`) that reserves the record's `child=`
+ * line (`CHILD_LINE` in src/record.ts) for the command's PID.
+ */
+export const CHILD_OPTION: unique symbol = Symbol.for("runlock.child.v1");
+
+/** The key of a held file lock's method that fills in `child=`. */
+export const NAME_CHILD: unique symbol = Symbol.for("runlock.nameChild.v1");
+
 /** A lock that can describe its descriptor (a held file lock). */
 export interface Inheritable {
   [DESCRIPTOR](): Descriptor | undefined;
+  /**
+   * Writes `pid` into the `child=` line the lock's record reserved (see
+   * {@linkcode CHILD_OPTION}), or 0 just before the release (the command
+   * ended); false when it has none or is not held.
+   */
+  [NAME_CHILD](pid: number): boolean;
 }

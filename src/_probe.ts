@@ -9,6 +9,7 @@ import type { InvalidLockFileError, RunlockError } from "./errors.ts";
 import { type Dir, type Handle, SysError } from "./platform/types.ts";
 import { MAX_RECORD_BYTES, parseRecord } from "./record.ts";
 import {
+  childAlive,
   elsewhere,
   errnoOf,
   foreignAlive,
@@ -44,6 +45,7 @@ export function probe(
     boot: "",
     pidns: "",
     meta: {},
+    child: 0,
     racing: false,
     far: false,
   };
@@ -84,11 +86,14 @@ export function probe(
         liveness(result.pid) === "dead"
       ) {
         // Rare: read the whole record to tell a takeover from a holder in
-        // another PID namespace.
+        // another PID namespace, or from a command runlock run handed the
+        // lock to.
         const record = parseRecord(handle.readAll(MAX_RECORD_BYTES + 1));
-        result.racing = record.kind === "runlock";
         result.far = record.kind === "runlock" &&
           elsewhere(record) !== undefined;
+        result.child = record.kind === "runlock" ? record.child : 0;
+        result.racing = record.kind === "runlock" &&
+          (result.far || !childAlive(result.child));
       }
       return result;
     }
@@ -104,14 +109,16 @@ export function probe(
         result.boot = record.boot;
         result.pidns = record.pidns;
         result.meta = record.meta;
+        result.child = record.child;
         result.state = locked ? "held" : "stale";
-        // A dead holder under a held flock: a takeover in progress. A PID
-        // that lives elsewhere (another host, boot or PID namespace) cannot
-        // be asked: maybe a live holder, maybe a takeover; look again
-        // briefly.
+        // A dead holder under a held flock: a takeover in progress, unless
+        // the command runlock run handed the lock to lives. A PID that lives
+        // elsewhere (another host, boot or PID namespace) cannot be asked:
+        // maybe a live holder, maybe a takeover; look again briefly.
         result.far = locked && elsewhere(record) !== undefined;
         result.racing = locked &&
-          (result.far || liveness(record.pid) === "dead");
+          (result.far ||
+            (liveness(record.pid) === "dead" && !childAlive(record.child)));
         return result;
       case "foreign":
         result.pid = record.pid;

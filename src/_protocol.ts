@@ -69,6 +69,11 @@ export interface HeldBy {
   host: string;
   started: Date | undefined;
   /**
+   * The live command `runlock run` handed the lock to, when `pid` (that
+   * runlock) is gone; otherwise 0 or absent.
+   */
+  child?: number;
+  /**
    * The identity of the file (`fileKey`'s form) when the attempt saw it
    * held by a live runlock holder of this host, as a whole look would.
    */
@@ -101,6 +106,8 @@ export interface Probe {
   pidns: string;
   /** The record's user fields. */
   meta: { [key: string]: string };
+  /** The record's `child=`: the command `runlock run` handed it to, or 0. */
+  child: number;
   /** With `racing`: the PID lives elsewhere, so `kill` could not judge it. */
   far: boolean;
   /**
@@ -324,6 +331,17 @@ export function liveness(pid: number): Liveness {
   if (!Number.isInteger(pid) || pid < 1 || pid > MAX_PID) return "unknown";
   if (pid === p.pid) return "alive";
   return p.processAlive(pid);
+}
+
+/**
+ * Whether the command `runlock run` handed a lock to (the record's
+ * `child=`), or a process of its process group (the command leads one of
+ * its own), is alive: then a held flock under a dead runlock is that
+ * command's, not a takeover in progress. False when it cannot be told.
+ */
+export function childAlive(child: number): boolean {
+  if (liveness(child) === "alive") return true;
+  return child >= 2 && child <= MAX_PID && p.processAlive(-child) === "alive";
 }
 
 /**

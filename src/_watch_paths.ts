@@ -11,6 +11,7 @@ import type { Probe } from "./_protocol.ts";
 import { tempStem } from "./_record_here.ts";
 import { RACING_SLEEPS } from "./_probe.ts";
 import { platform as p } from "./platform/current.ts";
+import { MAX_RECORD_BYTES, parseRecord } from "./record.ts";
 import type { Handle } from "./platform/types.ts";
 import type { Inspection } from "./probes.ts";
 import {
@@ -342,7 +343,9 @@ export class Paths {
       if (seen.other) d.others.add(path.slice(path.lastIndexOf("/") + 1));
     };
     const fd = rep.fd;
-    if (fd === undefined || freeBefore || flockFree(fd)) {
+    if (
+      fd === undefined || freeBefore || flockFree(fd) || releasedByRun(fd)
+    ) {
       // Its flock and its name both gone: which went first is not known
       // from what is there now, unless it was seen dead at its close (a
       // waiter took the file over since). Otherwise released: never a
@@ -378,7 +381,7 @@ export class Paths {
           };
         });
         if (this.runs.get(path) !== rep || this.#host.done) return;
-        if (flockFree(fd)) return finish("released");
+        if (flockFree(fd) || releasedByRun(fd)) return finish("released");
       }
     })();
   }
@@ -485,4 +488,18 @@ function noneInspection(path: string, seen: Seen): Inspection {
   return seen.kind === "none" && seen.found !== undefined
     ? inspection(path, seen.found)
     : freeInspection(path);
+}
+
+/**
+ * Whether `runlock run` marked the record released (`child=0000000000`)
+ * before it let go: the flock left on the inode is held by what its
+ * command left running with the descriptor open, not by a run.
+ */
+function releasedByRun(fd: Handle): boolean {
+  try {
+    const record = parseRecord(fd.readAll(MAX_RECORD_BYTES + 1));
+    return record.kind === "runlock" && record.released;
+  } catch {
+    return false;
+  }
 }

@@ -144,6 +144,7 @@ export function freeInspection(path: string): Inspection {
     pidNamespace: "",
     pidValidHere: undefined,
     pidElsewhere: undefined,
+    child: 0,
   };
 }
 

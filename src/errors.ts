@@ -62,6 +62,11 @@ export interface HeldErrorOptions extends ErrorOptions {
    * second acquire of a lock this process holds fails at once.
    */
   byThisProcess?: boolean;
+  /**
+   * The live command `runlock run` handed the lock to, when the run itself
+   * (`pid`) is gone.
+   */
+  child?: number;
 }
 
 /**
@@ -97,6 +102,11 @@ export class HeldError extends RunlockError {
   readonly started: Date | undefined;
   /** Whether the holder is the calling process itself. */
   readonly byThisProcess: boolean;
+  /**
+   * The PID of the command `runlock run` handed the lock to, which holds
+   * it while that run (`pid`) is gone; 0 otherwise.
+   */
+  readonly child: number;
 
   /**
    * Creates the error.
@@ -122,7 +132,12 @@ export class HeldError extends RunlockError {
         `${path}: this process (pid ${pid}) already holds it${since}; ` +
         `runlock locks are not reentrant: use the lock you hold, or release it first`;
     } else {
-      const who = pid > 0 ? `as pid ${pid}` : "(the file names no pid)";
+      const child = options?.child ?? 0;
+      const who = child > 0
+        ? `as pid ${child}, the command of runlock pid ${pid} (gone)`
+        : pid > 0
+        ? `as pid ${pid}`
+        : "(the file names no pid)";
       const where = host ? ` on ${host}` : "";
       message =
         `${path}: another run is active ${who}${where}; wait for it or stop it`;
@@ -133,6 +148,7 @@ export class HeldError extends RunlockError {
     this.host = host;
     this.started = options?.started;
     this.byThisProcess = self;
+    this.child = options?.child ?? 0;
   }
 }
 
@@ -352,3 +368,4 @@ export class LockLostError extends RunlockError {
     this.holder = holder;
   }
 }
+

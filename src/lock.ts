@@ -25,13 +25,23 @@ import {
   tempName,
 } from "./_record_here.ts";
 import { attemptLoop, pin, runSync } from "./_attempt.ts";
-import { DESCRIPTOR, type Descriptor } from "./_inherit.ts";
+import {
+  CHILD_OPTION,
+  DESCRIPTOR,
+  type Descriptor,
+  NAME_CHILD,
+} from "./_inherit.ts";
 import { probe } from "./_probe.ts";
 import { every, type Tick } from "./_timer.ts";
 import { fileKey, listen, type Listener, listenFile } from "./_watch.ts";
 import { ContendedError, HeldError, LockLostError } from "./errors.ts";
 import { checkMeta, type Meta } from "./meta.ts";
-import { MAX_RECORD_BYTES, metaLines } from "./record.ts";
+import {
+  CHILD_LINE,
+  childDigits,
+  MAX_RECORD_BYTES,
+  metaLines,
+} from "./record.ts";
 import { platform as p } from "./platform/current.ts";
 import type { FileInfo, Handle } from "./platform/types.ts";
 
@@ -166,6 +176,21 @@ export interface Lock extends Disposable, AsyncDisposable {
   releaseSync(): void;
 }
 
+const encoder = new TextEncoder();
+const CHILD_LINE_BYTES = encoder.encode("\n" + CHILD_LINE);
+
+/** Where `needle` first occurs in `bytes`, or -1. */
+function findBytes(bytes: Uint8Array, needle: Uint8Array): number {
+  const last = bytes.length - needle.length;
+  outer: for (let i = 0; i <= last; i++) {
+    for (let k = 0; k < needle.length; k++) {
+      if (bytes[i + k] !== needle[k]) continue outer;
+    }
+    return i;
+  }
+  return -1;
+}
+
 class RunLock implements Lock {
   readonly path: string;
   readonly pid: number = p.pid;
@@ -202,6 +227,30 @@ class RunLock implements Lock {
     if (this.#handle === undefined) return undefined;
     return { fd: this.#handle.fd(), dev: this.#id.dev, ino: this.#id.ino };
   }
+
+  /**
+   * Names the command `runlock run` handed the lock to in the record's
+   * reserved `child=` line: ten digits written in place, in one write (see
+   * `CHILD_LINE`). Not part of the public API.
+   */
+  [NAME_CHILD](pid: number): boolean {
+    const handle = this.#handle;
+    if (
+      handle === undefined || !Number.isInteger(pid) || pid < 0 || pid === 1
+    ) {
+      return false;
+    }
+    if (this.#childAt === undefined) {
+      const bytes = handle.readAll(MAX_RECORD_BYTES + 1);
+      const at = findBytes(bytes, CHILD_LINE_BYTES);
+      if (at < 0) return false;
+      this.#childAt = at + CHILD_LINE_BYTES.length - 11;
+    }
+    handle.writeAt(encoder.encode(childDigits(pid)), this.#childAt);
+    return true;
+  }
+  /** Where the `child=` value is in the record, once found. */
+  #childAt: number | undefined;
 
   constructor(
     target: Target,
@@ -534,7 +583,13 @@ function check(options: AcquireSyncOptions | undefined): Checked {
     );
   }
   const meta = checkMeta(options?.meta);
-  const record = recordTemplate(identityHere() + metaLines(meta));
+  // runlock run's own option (src/_inherit.ts): a `child=` line to fill in.
+  const child =
+    (options as { [CHILD_OPTION]?: unknown } | undefined)?.[CHILD_OPTION] ===
+        true
+      ? CHILD_LINE
+      : "";
+  const record = recordTemplate(identityHere() + child + metaLines(meta));
   const size = record.bytes.length;
   if (size > MAX_RECORD_BYTES) {
     const longest = Object.entries(meta).sort((a, b) =>
@@ -691,6 +746,7 @@ function* acquireSteps(
         if (held instanceof ContendedError) throw held;
         throw new HeldError(target.path, held.pid, held.host, {
           started: held.started,
+          child: held.child,
         });
       }
       // What the last whole probe saw held, for the quick looks: at first,

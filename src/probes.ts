@@ -65,6 +65,13 @@ export interface Inspection {
   /** The inode of the holder's PID namespace, or `""` when the record has none. */
   pidNamespace: string;
   /**
+   * The PID of the command `runlock run` handed the lock to (the record's
+   * `child=`), or 0. While that run lives, `pid` is runlock's; if runlock
+   * was killed, the command (or what it started in its process group)
+   * holds the lock on, and this is the live process to look at.
+   */
+  child: number;
+  /**
    * Whether a live holder's recorded PID names the same process from where
    * you ask: `true` in the same boot and PID namespace; `false` when they
    * (or, where they are unknown, the host names) differ (see
@@ -136,6 +143,7 @@ export function toInspection(path: string, found: Probe): Inspection {
     pidNamespace: found.pidns,
     pidValidHere,
     pidElsewhere,
+    child: found.child,
   };
 }
 

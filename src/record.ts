@@ -10,7 +10,8 @@
  *
  * Line 1 is the PID, so `pgrep -F`, `pkill -F` and systemd's `PIDFile=` work.
  * Line 2 marks the record as governed by flock. A file without the marker is
- * a foreign pidfile written by some other tool.
+ * a foreign pidfile written by some other tool. `runlock run` adds a
+ * `child=` line: the PID of the command it handed the lock to.
  *
  * @module
  */
@@ -37,6 +38,13 @@ export type Record =
     pidns: string;
     /** `meta.<key>=<value>` lines: the user fields. */
     meta: { [key: string]: string };
+    /**
+     * `child=`: the PID of the command `runlock run` handed the lock to, or
+     * 0 (no such line, or one not yet filled in).
+     */
+    child: number;
+    /** `child=` says the run released the lock ({@linkcode CHILD_RELEASED}). */
+    released: boolean;
   }
   | { kind: "foreign"; pid: number }
   | { kind: "garbage"; reason: string };
@@ -60,6 +68,34 @@ export function formatRecord(
   extra = "",
 ): string {
   return `${head}started=${started.toISOString()}\nruntime=${runtime}\n${extra}`;
+}
+
+/**
+ * The `child=` line as `runlock run` writes it when it takes the lock, before
+ * its command has a PID: ten `-`, which the command's PID, zero-padded to ten
+ * digits, overwrites in place once it runs. A reader that reads during that
+ * write may see some of each; a value counts only as ten digits, so a mix
+ * reads as "not filled in", never as another number.
+ */
+export const CHILD_LINE = "child=----------\n";
+
+/**
+ * The `child=` value `runlock run` writes just before it releases the lock
+ * (its command has ended): what still holds the file's flock (a process the
+ * command left running with the descriptor open) is no run.
+ */
+export const CHILD_RELEASED = "0000000000";
+
+/** The ten digits of `pid` for the `child=` line (0: released). */
+export function childDigits(pid: number): string {
+  return String(pid).padStart(10, "0");
+}
+
+/** A `child=` value as the protocol reads it: ten digits, 2 to MAX_PID. */
+function childAt(text: string, from: number, to: number): number {
+  if (to - from !== 10) return 0;
+  const v = digits(text, from, 10);
+  return v >= 2 && v <= MAX_PID ? v : 0;
 }
 
 // A record of ASCII (the usual one: runlock's own fields are ASCII) is
@@ -226,6 +262,8 @@ export function parseRecord(bytes: Uint8Array): Record {
   let runtime = "";
   let boot = "";
   let pidns = "";
+  let child = 0;
+  let released = false;
   const meta: { [key: string]: string } = {};
   // The first `=` at or after the line's start. Searched again only once
   // the lines have passed it: lines without one cost no search each, so a
@@ -255,6 +293,12 @@ export function parseRecord(bytes: Uint8Array): Record {
           pidns = text.slice(eq + 1, end);
           continue;
         }
+        if (text.startsWith("child", at)) {
+          child = childAt(text, eq + 1, end);
+          released = text.startsWith(CHILD_RELEASED, eq + 1) &&
+            end - eq - 1 === CHILD_RELEASED.length;
+          continue;
+        }
         break;
       case 7:
         if (text.startsWith("started", at)) {
@@ -275,5 +319,16 @@ export function parseRecord(bytes: Uint8Array): Record {
       }
     }
   }
-  return { kind: "runlock", pid, host, started, runtime, boot, pidns, meta };
+  return {
+    kind: "runlock",
+    pid,
+    host,
+    started,
+    runtime,
+    boot,
+    pidns,
+    meta,
+    child,
+    released,
+  };
 }

@@ -7,10 +7,12 @@
 // command, a shell that waits on a FIFO until the test writes to it.
 import assert from "node:assert/strict";
 import { spawn, spawnSync } from "node:child_process";
-import { writeFileSync } from "node:fs";
+import { closeSync, constants, mkdirSync, openSync, writeSync } from "node:fs";
+import { writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import process from "node:process";
 import { describe, test } from "node:test";
+import { type Change, watch } from "../mod.ts";
 import { cli, cliRuntime, start } from "./_cli.ts";
 import { tempDir } from "./_helpers.ts";
 
@@ -19,36 +21,100 @@ declare const Deno: { execPath(): string } | undefined;
 const hasMkfifo = spawnSync("mkfifo", ["--version"]).status === 0;
 
 /**
- * `runlock run <lock> -- sh -c 'echo ready; read x < <fifo>'` started by
- * `begin`, SIGKILLed once the command runs; then what a second run and
- * status say while the command lives, and what a run says once the test
- * has ended the command through its FIFO.
+ * Writes a line to `fifo` for the command that reads it; never blocks: with
+ * no reader left (a failed start), there is nothing to end.
+ */
+function release(fifo: string): void {
+  let fd: number;
+  try {
+    fd = openSync(fifo, constants.O_WRONLY | constants.O_NONBLOCK);
+  } catch {
+    return; // ENXIO: no reader
+  }
+  try {
+    writeSync(fd, "go\n");
+  } finally {
+    closeSync(fd);
+  }
+}
+
+/**
+ * The changes a watch() of `dir` reports, as they come, with a way to wait
+ * for the first of a kind.
+ */
+function watching(dir: string) {
+  const stop = new AbortController();
+  const changes: Change[] = [];
+  const wakers: (() => void)[] = [];
+  let begun = () => {};
+  const ready = new Promise<void>((resolve) => (begun = resolve));
+  const ended = (async () => {
+    for await (const batch of watch(dir, { signal: stop.signal })) {
+      changes.push(...batch);
+      begun();
+      for (const wake of wakers.splice(0)) wake();
+    }
+  })();
+  return {
+    changes,
+    /** Resolves once the watch has given its first batch. */
+    ready,
+    async first(kind: Change["kind"]): Promise<number> {
+      while (!changes.some((c) => c.kind === kind)) {
+        await new Promise<void>((resolve) => wakers.push(resolve));
+      }
+      return changes.findIndex((c) => c.kind === kind);
+    },
+    async stop() {
+      stop.abort();
+      await ended;
+    },
+  };
+}
+
+/**
+ * `runlock run <lock> -- sh -c 'echo ready $$; read x < <fifo>'` started
+ * by `begin`, SIGKILLed once the command runs; then what a second run,
+ * status and a watch of the directory say while the command lives, and
+ * what a run and the watch say once the test has ended the command
+ * through its FIFO.
  */
 async function killedRunner(
   begin: (lock: string, command: string[]) => {
-    ready: Promise<void>;
+    ready: Promise<number>;
     kill(): Promise<void>;
   },
-  saysGone = true,
 ): Promise<void> {
   const { dir, cleanup } = tempDir();
-  const lock = join(dir, "run.lock");
+  // The FIFO stays out of the watched directory: Deno's directory watch
+  // (notify-rs) blocks for good in an open of a FIFO there.
+  const locks = join(dir, "locks");
+  mkdirSync(locks);
+  const lock = join(locks, "run.lock");
   const fifo = join(dir, "fifo");
   assert.equal(spawnSync("mkfifo", [fifo]).status, 0);
   let ended = false;
-  const end = () => {
-    if (!ended) writeFileSync(fifo, "go\n");
+  // The command may not have opened its FIFO yet when it says "ready": the
+  // open for writing completes when it does.
+  const end = async () => {
+    if (!ended) await writeFile(fifo, "go\n");
     ended = true;
   };
+  const watcher = watching(locks);
+  await watcher.ready;
   try {
     const runner = begin(lock, [
       "sh",
       "-c",
-      'echo ready; read x < "$1"',
+      'echo "ready $$"; read x < "$1"',
       "sh",
       fifo,
     ]);
-    await runner.ready;
+    const command = await runner.ready;
+    await watcher.first("started");
+    const record = cli("status", "--json", lock);
+    const runlockPid = JSON.parse(record.stdout).pid;
+    assert.equal(JSON.parse(record.stdout).child, command, record.stdout);
     await runner.kill();
     const second = cli("run", lock, "--", "true");
     assert.equal(
@@ -56,23 +122,45 @@ async function killedRunner(
       75,
       `a second run while the command lives: ${JSON.stringify(second)}`,
     );
+    // The refusal and status name the live command, with runlock's pid.
+    assert.match(
+      second.stderr,
+      new RegExp(
+        `another run is active as pid ${command}, the command of runlock pid ${runlockPid} \\(gone\\)`,
+      ),
+    );
     const status = cli("status", lock);
     assert.equal(status.code, 0, JSON.stringify(status));
-    // The record names runlock's pid, which is gone: status says so where
-    // the record lets it tell that pid is this host's (its boot and PID
-    // namespace, which Deno without --allow-read for /proc does not write).
     assert.match(
       status.stdout,
-      saysGone
-        ? /^held by pid \d+ on .* \(pid \d+ is gone: the command it ran, or what that started, holds the lock; fuser -v names it\)/
-        : /^held by pid \d+/,
+      new RegExp(
+        `^held by pid ${command} on .* \\(the command of runlock pid ${runlockPid}, which is gone\\)`,
+      ),
     );
-    end();
+    const json = JSON.parse(cli("status", "--json", lock).stdout);
+    assert.deepEqual([json.state, json.pid, json.child], [
+      "held",
+      runlockPid,
+      command,
+    ]);
+    const before = watcher.changes.length;
+    await end();
+    // The watch saw no crash while the command held the lock: the run
+    // ended (crashed: runlock's record is left) when the command did.
+    const crashed = await watcher.first("crashed");
+    assert.equal(
+      crashed,
+      before,
+      `nothing between the kill and the command's end: ${
+        JSON.stringify(watcher.changes.map((c) => c.kind))
+      }`,
+    );
     // At once: no --wait, and nothing to clean up by hand.
     const third = cli("run", lock, "--", "true");
     assert.equal(third.code, 0, JSON.stringify(third));
   } finally {
-    end();
+    if (!ended) release(fifo);
+    await watcher.stop();
     cleanup();
   }
 }
@@ -84,7 +172,7 @@ describe("runlock run SIGKILLed while its command runs", {
     await killedRunner((lock, command) => {
       const runner = start("run", lock, "--", ...command);
       return {
-        ready: runner.line(/^ready$/).then(() => {}),
+        ready: runner.line(/^ready \d+$/).then((l) => Number(l.slice(6))),
         kill: async () => {
           runner.signal("SIGKILL");
           await runner.died;
@@ -122,11 +210,12 @@ describe("runlock run SIGKILLed while its command runs", {
         ], { stdio: ["ignore", "pipe", "inherit"] });
         const died = new Promise((r) => runner.on("exit", r));
         return {
-          ready: new Promise<void>((resolve, reject) => {
+          ready: new Promise<number>((resolve, reject) => {
             let out = "";
             runner.stdout!.on("data", (d) => {
               out += d;
-              if (out.includes("ready\n")) resolve();
+              const m = /^ready (\d+)$/m.exec(out);
+              if (m) resolve(Number(m[1]));
             });
             runner.on(
               "exit",
@@ -138,7 +227,62 @@ describe("runlock run SIGKILLed while its command runs", {
             await died;
           },
         };
-      }, false);
+      });
     },
   );
 });
+
+describe(
+  "runlock run whose command leaves a process with the lock's descriptor",
+  {
+    skip: !hasMkfifo || process.platform !== "linux",
+  },
+  () => {
+    test("a watch reports the run released, not lost, when runlock releases while that process keeps the flock of the removed file", async () => {
+      const { dir, cleanup } = tempDir();
+      const locks = join(dir, "locks");
+      mkdirSync(locks);
+      const lock = join(locks, "run.lock");
+      // The daemon reads `daemon`, the command `command`.
+      const daemon = join(dir, "daemon");
+      const command = join(dir, "command");
+      assert.equal(spawnSync("mkfifo", [daemon, command]).status, 0);
+      const watcher = watching(locks);
+      await watcher.ready;
+      try {
+        // The command starts a process that keeps fd 9 (a daemon that did
+        // not close it), then ends when the test says.
+        const run = start(
+          "run",
+          lock,
+          "--",
+          "sh",
+          "-c",
+          '(read x < "$1") >/dev/null 2>&1 & read y < "$2"',
+          "sh",
+          daemon,
+          command,
+        );
+        await watcher.first("started");
+        await writeFile(command, "go\n");
+        assert.equal((await run.exited).code, 0);
+        const at = await Promise.race([
+          watcher.first("released"),
+          watcher.first("lost"),
+        ]);
+        assert.equal(
+          watcher.changes[at].kind,
+          "released",
+          JSON.stringify(watcher.changes.map((c) => c.kind)),
+        );
+        // The next run is not refused.
+        assert.equal(cli("run", lock, "--", "true").code, 0);
+      } finally {
+        release(command);
+        release(daemon);
+        await watcher.stop();
+        cleanup();
+      }
+    });
+  },
+);

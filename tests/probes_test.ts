@@ -28,6 +28,7 @@ describe("probes", () => {
         pidNamespace: "",
         pidValidHere: undefined,
         pidElsewhere: undefined,
+        child: 0,
       });
     } finally {
       cleanup();
@@ -150,6 +151,39 @@ describe("probes", () => {
       } finally {
         tool.proc.stdin!.end();
         await tool.kill();
+      }
+    } finally {
+      cleanup();
+    }
+  });
+});
+
+describe("the record's child= line (the command runlock run handed the lock to)", () => {
+  test("inspect reads child= only as ten digits from 2 up: a line not yet filled in, or read while being written, names no process", async () => {
+    const { dir, cleanup } = tempDir();
+    try {
+      const path = join(dir, "run.lock");
+      const cases: [string, number][] = [
+        ["0000012345", 12345],
+        ["2147483647", 2147483647],
+        ["----------", 0], // reserved, the command not started yet
+        ["00000123--", 0], // a read that met the write half done
+        ["--00000123", 0],
+        ["12345", 0], // not ten digits
+        ["0000000001", 0], // pid 1 is never a command runlock started
+        ["0000000000", 0], // released
+        ["2147483648", 0], // over the largest pid
+        [" 000012345", 0],
+      ];
+      for (const [value, child] of cases) {
+        writeFileSync(
+          path,
+          `${deadPid()}\nrunlock 1\nhost=h\nchild=${value}\nmeta.cmd=x\n`,
+        );
+        const info = await inspect(path);
+        assert.equal(info.state, "stale", value);
+        assert.equal(info.child, child, value);
+        assert.deepEqual(info.meta, { cmd: "x" }, value);
       }
     } finally {
       cleanup();

@@ -11,7 +11,8 @@
 
 import { hostname } from "node:os";
 import { process } from "../_process.ts";
-import { acquire, HeldError, inspect } from "../../mod.ts";
+import { acquire, type AcquireOptions, HeldError, inspect } from "../../mod.ts";
+import { CHILD_OPTION } from "../_inherit.ts";
 import { UsageError } from "./_args.ts";
 import type { Info } from "./_format.ts";
 import { checkLockPath } from "./_paths.ts";
@@ -62,8 +63,15 @@ const files: Backend = {
   // The periodic check is one lstat: every 200 ms, a lost lock is noticed
   // within 200 ms on every runtime (at once where a directory watch runs:
   // Node and Bun; Deno's would keep the process alive).
+  // The record keeps a `child=` line for the command's PID, which `run`
+  // writes once the command runs (PROTOCOL.md, "Handing the lock to a
+  // command").
   acquire: (path, options) =>
-    acquire(path, { ...options, checkInterval: LOSS_CHECK_MS }),
+    acquire(path, {
+      ...options,
+      checkInterval: LOSS_CHECK_MS,
+      [CHILD_OPTION]: true,
+    } as AcquireOptions),
   isHeld: (err): err is Error => err instanceof HeldError,
   poll: 100,
   end: () => Promise.resolve(),
@@ -237,7 +245,10 @@ export function hostHere(): string {
  * or `""`) is all there is to compare, and only a difference is certain.
  */
 export function pgInfo(
-  i: Omit<Info, "bootId" | "pidNamespace" | "pidValidHere" | "pidElsewhere">,
+  i: Omit<
+    Info,
+    "bootId" | "pidNamespace" | "pidValidHere" | "pidElsewhere" | "child"
+  >,
   here: string,
 ): Info {
   const elsewhere = i.pid !== 0 && i.host !== "" && here !== "" &&
@@ -248,6 +259,7 @@ export function pgInfo(
     pidNamespace: "",
     pidValidHere: elsewhere ? false : undefined,
     pidElsewhere: elsewhere ? "host" : undefined,
+    child: 0,
   };
 }
 

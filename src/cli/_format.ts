@@ -149,14 +149,23 @@ export function describeState(info: Info, now: Date = new Date()): string {
         }
         return "held by a process that wrote no pid (flock(1) or similar)";
       }
-      let line = `held by pid ${info.pid}`;
+      // runlock run handed the lock to its command (PROTOCOL.md, "Handing
+      // the lock to a command"): the record names the command too. Once
+      // runlock is gone, the command is the live process to name.
+      const child = info.child ?? 0;
+      const handed = child > 0 && !info.foreign && gone(info, true);
+      let line = `held by pid ${handed ? child : info.pid}`;
       if (host) line += ` on ${host}`;
       if (info.started) {
         line += ` since ${clock(info.started, now)} (${
           ago(now.getTime() - info.started.getTime())
         })`;
       }
-      if (!info.foreign && gone(info)) {
+      if (handed) {
+        line += ` (the command of runlock pid ${info.pid}, which is gone)`;
+      } else if (child > 0 && !info.foreign) {
+        line += ` (its command: pid ${child})`;
+      } else if (!info.foreign && gone(info)) {
         // The flock outlived its taker: `runlock run` handed it to its
         // command (PROTOCOL.md, "Handing the lock to a command"), which, or
         // what it started, holds it still.
@@ -187,10 +196,16 @@ export function describeState(info: Info, now: Date = new Date()): string {
  * Whether a held file lock's recorded PID is a process of this host that
  * is gone (kill(pid, 0) says ESRCH), which a held flock means the lock
  * was handed on. False when that cannot be asked (Deno without
- * --allow-run) or the PID is another host's, boot's or namespace's.
+ * --allow-run) or the PID is another host's, boot's or namespace's (or,
+ * unless `unsure` allows it, may be: the record does not say).
  */
-function gone(info: Info): boolean {
-  if (info.pidValidHere !== true || info.pid <= 0) return false;
+function gone(info: Info, unsure = false): boolean {
+  if (info.pid <= 0) return false;
+  if (
+    info.pidValidHere !== true && !(unsure && info.pidValidHere === undefined)
+  ) {
+    return false;
+  }
   if (info.backendPid !== undefined) return false; // a PostgreSQL lock
   if (!granted({ name: "run" })) return false;
   try {

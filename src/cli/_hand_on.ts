@@ -9,7 +9,12 @@
 
 import { spawnSync } from "node:child_process";
 import { process } from "../_process.ts";
-import { DESCRIPTOR, type Descriptor, type Inheritable } from "../_inherit.ts";
+import {
+  DESCRIPTOR,
+  type Descriptor,
+  type Inheritable,
+  NAME_CHILD,
+} from "../_inherit.ts";
 
 /**
  * The descriptor number that holds `lock`'s flock in this process, or
@@ -26,6 +31,26 @@ export function lockDescriptor(lock: object): number | undefined {
   const d = method.call(lock);
   if (d === undefined) return undefined;
   return d.fd ?? findDescriptor(d);
+}
+
+/**
+ * Writes the command's PID into the lock's record (its `child=` line), so
+ * that readers name the command if runlock itself dies while it runs.
+ * Returns why it could not, or `""`; a lock without the line (PostgreSQL)
+ * is no failure.
+ *
+ * @param lock A held lock of either backend.
+ * @param pid The command's PID.
+ */
+export function nameChild(lock: object, pid: number): string {
+  const method = (lock as Partial<Inheritable>)[NAME_CHILD];
+  if (typeof method !== "function") return "";
+  try {
+    method.call(lock, pid);
+    return "";
+  } catch (err) {
+    return err instanceof Error ? err.message : String(err);
+  }
 }
 
 /**

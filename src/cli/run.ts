@@ -18,7 +18,7 @@ import {
   type HeldLock,
 } from "./_backend.ts";
 import { clip, printable, printableErrors } from "./_format.ts";
-import { lockDescriptor } from "./_hand_on.ts";
+import { lockDescriptor, nameChild } from "./_hand_on.ts";
 import type { Command } from "./_help.ts";
 import { type CliIo, Progress } from "./_io.ts";
 import {
@@ -260,6 +260,16 @@ async function run(args: string[], io: CliIo): Promise<number> {
         detached: true,
       });
       child = started;
+      if (started.pid !== undefined && fd !== undefined) {
+        const why = nameChild(lock, started.pid);
+        if (why) {
+          io.err(
+            `runlock: could not write the command's pid into the lock file: ${
+              printable(why)
+            }`,
+          );
+        }
+      }
       if (lock.signal.aborted) onAbort();
       else lock.signal.addEventListener("abort", onAbort, { once: true });
       return await new Promise<number>((resolve) => {
@@ -279,6 +289,9 @@ async function run(args: string[], io: CliIo): Promise<number> {
       });
     } finally {
       lock.signal.removeEventListener("abort", onAbort);
+      // The command has ended: what still holds the flock (a daemon it
+      // started with fd 9 open) is no run, and a watch is told so.
+      if (child?.pid !== undefined) nameChild(lock, 0);
       await release(lock, (err) => report(err, true));
     }
   } finally {

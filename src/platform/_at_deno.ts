@@ -141,6 +141,26 @@ class FdHandle implements Handle {
     }
   }
 
+  writeAt(data: Uint8Array, offset: number): void {
+    const l = this.#l;
+    let done = 0;
+    while (done < data.length) {
+      const n = l.pwrite(
+        this.#fd,
+        done === 0 ? data : data.subarray(done),
+        data.length - done,
+        offset + done,
+      );
+      if (n > 0) {
+        done += n;
+        continue;
+      }
+      const errno = n < 0 ? l.errno() : 5; // no progress: EIO
+      if (errno === EINTR) continue;
+      throw errnoError(errno, "write", named(this.#dir, this.#name));
+    }
+  }
+
   readAll(max: number): Uint8Array {
     const l = this.#l;
     const buf = max <= scratch.length ? scratch : new Uint8Array(max);

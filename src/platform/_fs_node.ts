@@ -106,6 +106,23 @@ class FsHandle implements Handle {
     }
   }
 
+  writeAt(data: Uint8Array, offset: number): void {
+    try {
+      let done = 0;
+      while (done < data.length) {
+        done += writeSync(
+          this.#fd!,
+          data,
+          done,
+          data.length - done,
+          offset + done,
+        );
+      }
+    } catch (err) {
+      throw sysError(err, "write", this.#path);
+    }
+  }
+
   readAll(max: number): Uint8Array {
     try {
       const buf = max <= scratch.length ? scratch : new Uint8Array(max);

@@ -113,6 +113,7 @@ export interface Libc {
   flock(fd: number, operation: number): number;
   pread(fd: number, buf: Uint8Array, count: number, offset: number): number;
   write(fd: number, buf: Uint8Array, count: number): number;
+  pwrite(fd: number, buf: Uint8Array, count: number, offset: number): number;
   fchmod(fd: number, mode: number): number;
   /** `fcntl(fd, F_DUPFD_CLOEXEC, min)`. */
   dupfd(fd: number, min: number): number;
@@ -195,6 +196,7 @@ export function libc(): Libc | undefined {
         // count here reaches 2 GiB.
         pread: { parameters: [i32, "buffer", "usize", "i64"], result: i32 },
         write: { parameters: [i32, "buffer", "usize"], result: i32 },
+        pwrite: { parameters: [i32, "buffer", "usize", "i64"], result: i32 },
         fchmod: { parameters: [i32, "u32"], result: i32 },
         close: { parameters: [i32], result: i32 },
         readlink: {
@@ -249,6 +251,8 @@ export function libc(): Libc | undefined {
       pread: (n, buf, count, offset) =>
         s.pread(n, buf, BigInt(count), offset === 0 ? 0n : BigInt(offset)),
       write: (n, buf, count) => s.write(n, buf, BigInt(count)),
+      pwrite: (n, buf, count, offset) =>
+        s.pwrite(n, buf, BigInt(count), BigInt(offset)),
       fchmod: (n, mode) => s.fchmod(n, mode),
       dupfd: (n, min) => s.fcntl(n, F_DUPFD_CLOEXEC, min),
       close: (n) => s.close(n),

@@ -50,6 +50,7 @@ export interface Libc {
   fstat(fd: number): number;
   pread(fd: number, buf: Uint8Array, count: number, offset: number): number;
   write(fd: number, buf: Uint8Array, count: number): number;
+  pwrite(fd: number, buf: Uint8Array, count: number, offset: number): number;
   fchmod(fd: number, mode: number): number;
   /** `fcntl(fd, F_DUPFD_CLOEXEC, min)` (variadic in C: declared so). */
   dupfd(fd: number, min: number): number;
@@ -129,6 +130,7 @@ const NO_AT = {
   fstat: () => -1,
   pread: () => -1,
   write: () => -1,
+  pwrite: () => -1,
   fchmod: () => -1,
   dupfd: () => -1,
   close: () => -1,
@@ -187,6 +189,7 @@ function bindBun(name: string, at: Stat | false): Libc {
         // count here reaches 2 GiB.
         pread: { args: [i32, "ptr", "u64", "i64"], returns: i32 },
         write: { args: [i32, "ptr", "u64"], returns: i32 },
+        pwrite: { args: [i32, "ptr", "u64", "i64"], returns: i32 },
         fchmod: { args: [i32, "u32"], returns: i32 },
         // Variadic in C; its third argument passed as openat's mode is.
         fcntl: { args: [i32, i32, i32], returns: i32 },
@@ -248,6 +251,7 @@ function bindBun(name: string, at: Stat | false): Libc {
     fstat: (fd) => fstat(fd, statBuf),
     pread: s.pread as Fn,
     write: s.write as Fn,
+    pwrite: s.pwrite as Fn,
     fchmod: s.fchmod as Fn,
     dupfd: (fd, min) => (s.fcntl as Fn)(fd, F_DUPFD_CLOEXEC, min),
     close: s.close as Fn,
@@ -315,6 +319,9 @@ function bindKoffi(name: string, at: Stat | false): Libc {
       "long pread(int fd, void *buf, size_t count, int64_t offset)",
     ) as Fn,
     write: lib.func("long write(int fd, const void *buf, size_t count)") as Fn,
+    pwrite: lib.func(
+      "long pwrite(int fd, const void *buf, size_t count, int64_t offset)",
+    ) as Fn,
     fchmod: lib.func("int fchmod(int fd, uint32_t mode)") as Fn,
     close: lib.func("int close(int fd)") as Fn,
     kill: lib.func("int kill(int pid, int sig)") as Fn,

@@ -245,7 +245,6 @@ function info(s: Deno.FileInfo): FileInfo {
   };
 }
 
-const WINDOWS = Deno.build.os === "windows";
 const LINUX = Deno.build.os === "linux";
 
 // One buffer for every read (records are at most 4 KiB): allocating and
@@ -267,15 +266,6 @@ class DenoHandle implements Handle {
   }
 
   tryLock(exclusive: boolean): boolean {
-    if (WINDOWS) {
-      // Windows locks are mandatory and open files cannot be unlinked: the
-      // protocol does not hold there, so refuse rather than downgrade.
-      throw new SysError(
-        "ENOSYS",
-        "flock",
-        `flock '${this.#path}': runlock does not support Windows`,
-      );
-    }
     try {
       return this.#file.tryLockSync(exclusive);
     } catch (err) {
@@ -294,6 +284,19 @@ class DenoHandle implements Handle {
   write(data: Uint8Array): void {
     this.#fresh = false;
     try {
+      let done = 0;
+      while (done < data.length) {
+        done += this.#file.writeSync(data.subarray(done));
+      }
+    } catch (err) {
+      throw sysError(err, "write", this.#path);
+    }
+  }
+
+  writeAt(data: Uint8Array, offset: number): void {
+    this.#fresh = false;
+    try {
+      this.#file.seekSync(offset, Deno.SeekMode.Start);
       let done = 0;
       while (done < data.length) {
         done += this.#file.writeSync(data.subarray(done));

@@ -39,6 +39,8 @@ export interface Handle {
   unlock(): void;
   /** Writes all of `data` at the current offset. */
   write(data: Uint8Array): void;
+  /** Writes all of `data` at `offset` (`pwrite`, or the nearest equivalent). */
+  writeAt(data: Uint8Array, offset: number): void;
   /**
    * Reads up to `max` bytes from offset 0. The answer is a view on a buffer
    * that the next read of any handle reuses (a copy cost 0.6 µs per record
