@@ -57,4 +57,5 @@ export {
   LockPermissionError,
   RunlockError,
   UnsupportedFilesystemError,
+  UnsupportedPlatformError,
 } from "./src/errors.ts";

@@ -249,7 +249,7 @@ export class UnsupportedFilesystemError extends RunlockError {
     super(
       path,
       `${path}: the filesystem or OS does not support ${feature}, which runlock needs; ` +
-        `put the lock on a local filesystem (ext4, xfs, btrfs, tmpfs, apfs) on Linux, macOS or BSD`,
+        `put the lock on a local filesystem (ext4, xfs, btrfs, tmpfs)`,
       options,
     );
     this.name = "UnsupportedFilesystemError";
@@ -369,3 +369,41 @@ export class LockLostError extends RunlockError {
   }
 }
 
+/**
+ * runlock's file locks run on Linux on x86_64, the platform its tests run
+ * on; importing them elsewhere throws this at import (the PostgreSQL
+ * backend, `@runlock/runlock/postgres`, does not). `path` is `""`.
+ *
+ * @example What the error says
+ * ```ts
+ * import { UnsupportedPlatformError } from "@runlock/runlock";
+ * import assert from "node:assert/strict";
+ *
+ * const err = new UnsupportedPlatformError("darwin", "arm64");
+ * assert.equal(err.os, "darwin");
+ * assert.match(err.message, /Linux on x86_64/);
+ * ```
+ */
+export class UnsupportedPlatformError extends RunlockError {
+  /** The operating system found (`process.platform`, `Deno.build.os`). */
+  readonly os: string;
+  /** The processor found (`process.arch`, `Deno.build.arch`). */
+  readonly arch: string;
+
+  /**
+   * Creates the error.
+   *
+   * @param os The operating system found.
+   * @param arch The processor found.
+   */
+  constructor(os: string, arch: string) {
+    super(
+      "",
+      `runlock's file locks run on Linux on x86_64 (flock, /proc and the libc ` +
+        `calls they make are tested there only): this is ${os} on ${arch}`,
+    );
+    this.name = "UnsupportedPlatformError";
+    this.os = os;
+    this.arch = arch;
+  }
+}

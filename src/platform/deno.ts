@@ -26,6 +26,10 @@ import {
   type Platform,
   SysError,
 } from "./types.ts";
+import { checkPlatform } from "./_supported.ts";
+
+// Here, before anything else runs: the only platform the tests run on.
+checkPlatform(Deno.build.os, Deno.build.arch);
 
 const BY_CLASS: [new (...args: never[]) => Error, string][] = [
   [Deno.errors.NotFound, "ENOENT"],

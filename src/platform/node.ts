@@ -27,6 +27,7 @@ import { process } from "../_process.ts";
 import { fs } from "./_node.ts";
 import { AT_FDCWD } from "./_libc_node.ts";
 import { watchClose } from "./_close_node.ts";
+import { checkPlatform } from "./_supported.ts";
 import {
   ffi,
   lstatAt,
@@ -37,6 +38,9 @@ import {
 } from "./_at_node.ts";
 import { fsLstat, fsOpenExisting, PathDir, sysError } from "./_fs_node.ts";
 import type { Dir, FileInfo, Handle, Liveness, Platform } from "./types.ts";
+
+// Here, before anything else runs: the only platform the tests run on.
+checkPlatform(process.platform, process.arch);
 
 const {
   closeSync,
