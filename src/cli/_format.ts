@@ -163,8 +163,6 @@ export function describeState(info: Info, now: Date = new Date()): string {
       }
       if (handed) {
         line += ` (the command of runlock pid ${info.pid}, which is gone)`;
-      } else if (child > 0 && !info.foreign) {
-        line += ` (its command: pid ${child})`;
       } else if (!info.foreign && gone(info)) {
         // The flock outlived its taker: `runlock run` handed it to its
         // command (PROTOCOL.md, "Handing the lock to a command"), which, or

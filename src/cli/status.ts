@@ -61,7 +61,8 @@ namespace, another kernel boot, on another host): do not kill it
 from here.
 Exit 0 when a live run holds it, 1 when free or stale, 2 when the
 file is invalid or on error. --json prints the inspect() result
-(with meta, bootId, pidNamespace, pidValidHere, pidElsewhere).
+(with meta, bootId, pidNamespace, pidValidHere, pidElsewhere, and
+child: the pid of the command runlock run handed the lock to).
 ${DB_HELP}`,
   run: printableErrors(status),
 };
