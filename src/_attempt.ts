@@ -16,6 +16,7 @@ import {
   type LockPath,
   mapError,
   MAX_ATTEMPTS,
+  sameFile,
   type Target,
 } from "./_protocol.ts";
 import { recordBytes, type RecordTemplate, tempName } from "./_record_here.ts";
@@ -175,6 +176,25 @@ export function pin(lp: LockPath): Target {
 }
 
 /**
+ * Whether the lock's directory path still names the directory pinned by
+ * descriptor (a path-pinned directory is looked up on every call anyway).
+ * `<dir>/.` resolves a final symlink too. A directory that cannot be
+ * looked up (removed, or no longer searchable) counts as moved.
+ */
+function leadsToPinned(target: Target): boolean {
+  const pinned = target.pinned;
+  if (!pinned.byDescriptor) return true;
+  try {
+    const here = pinned.lstat(".");
+    const there = p.lstat(target.dir === "/" ? "/." : `${target.dir}/.`);
+    return here !== null && there !== null && here.dev === there.dev &&
+      here.ino === there.ino;
+  } catch {
+    return false;
+  }
+}
+
+/**
  * One bounded attempt loop (protocol steps 1 to 4). Yields how long to sleep
  * between attempts, so that the same loop serves sync and async callers.
  * Returns the lock, or who holds it; throws typed errors.
@@ -230,6 +250,21 @@ export function* attemptLoop(
           lastHeld = verdict.held;
         }
         yield backoffMs(attempt);
+        continue;
+      }
+      if (!leadsToPinned(target)) {
+        // The directory was moved (or another mounted over it) since it was
+        // pinned, maybe while we waited: the lock we just linked is not at
+        // the path we were given, where another run may hold its own. Undo
+        // it, pin the directory the path names now, and try there.
+        if (sameFile(target.pinned.lstat(target.name), temp.id)) {
+          target.pinned.unlink(target.name);
+        }
+        discardTemp(target.pinned, temp);
+        temp = undefined;
+        const moved = target.pinned;
+        target.pinned = pin(target).pinned;
+        moved.close();
         continue;
       }
       const { handle, started, name, id } = temp;

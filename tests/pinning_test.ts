@@ -21,6 +21,7 @@ import { acquire, acquireSync, held, HeldError, inspect } from "../mod.ts";
 import {
   Child,
   fixtureCommand,
+  holder,
   runtime,
   tempDir,
   waitFor,
@@ -490,4 +491,73 @@ describe("which directory is pinned", () => {
       cleanup();
     }
   });
+});
+
+describe("a lock's directory moved away and replaced while a run waits for it", () => {
+  // The waiter pinned d at its start; d is renamed and a new d made, where
+  // X takes the lock; then the old holder releases. The waiter must not
+  // hold d.old/run.lock as if it were d/run.lock (beside X): it waits for X.
+  for (const how of ["renamed", "mounted over"] as const) {
+    test(
+      `directory ${how}: the waiter takes the lock only at the path it was given, after the run there`,
+      {
+        skip: how === "mounted over" &&
+          (process.platform !== "linux" || process.getuid?.() !== 0),
+      },
+      async () => {
+        const { dir, cleanup } = tempDir();
+        const d = join(dir, "d");
+        mkdirSync(d);
+        const path = join(d, "run.lock");
+        const children: Child[] = [];
+        let mounted = false;
+        try {
+          const h = await holder(path);
+          children.push(h);
+          const w = new Child("child.ts", ["wait", path, "60000"]);
+          children.push(w);
+          await w.expect("waiting");
+          if (how === "renamed") {
+            renameSync(d, join(dir, "d.old"));
+            mkdirSync(d);
+          } else {
+            const r = spawnSync("mount", ["-t", "tmpfs", "none", d]);
+            assert.equal(r.status, 0, String(r.stderr));
+            mounted = true;
+          }
+          const x = await holder(path);
+          children.push(x);
+          h.send("release");
+          await h.expect("released");
+          // Whatever the waiter did on that release, the lock at the path is
+          // X's until X lets go; then the waiter's.
+          x.send("release");
+          await x.expect("released");
+          const got = await w.expect("acquired");
+          const info = await inspect(path);
+          assert.equal(info.state, "held");
+          assert.equal(
+            info.pid,
+            got.pid,
+            "the waiter holds the lock at its path",
+          );
+          const old = how === "renamed"
+            ? await inspect(join(dir, "d.old", "run.lock"))
+            : undefined;
+          assert.notEqual(
+            old?.state,
+            "held",
+            "nothing held in the old directory",
+          );
+          w.send("release");
+          await w.expect("released");
+        } finally {
+          for (const c of children) c.send("exit");
+          await Promise.all(children.map((c) => c.exited));
+          if (mounted) spawnSync("umount", [d]);
+          cleanup();
+        }
+      },
+    );
+  }
 });
