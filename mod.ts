@@ -40,6 +40,7 @@ export {
 } from "./src/lock.ts";
 export { activePid, held, inspect, type Inspection } from "./src/probes.ts";
 export { scan, type ScanOptions } from "./src/scan.ts";
+export type { Skipped } from "./src/_listing.ts";
 export {
   type Change,
   type ChangeKind,

@@ -9,6 +9,7 @@
 
 import { errnoOf, grants, within } from "./_protocol.ts";
 import { TEMP_NAME } from "./_record_here.ts";
+import { lockEntries, type Skipped } from "./_listing.ts";
 import { RACING_SLEEPS } from "./_probe.ts";
 import { LockPermissionError, RunlockError } from "./errors.ts";
 import { platform as p } from "./platform/current.ts";
@@ -83,11 +84,17 @@ export class Session implements AsyncIterableIterator<Change[]> {
   readonly #onAbort = () => this.#shutdown();
   readonly #paths: Paths;
 
+  readonly #onSkip: ((skipped: Skipped) => void) | undefined;
+  /** What was reported to onSkip: each once per watch (at most 4,096). */
+  readonly #skipped = new Set<string>();
+
   constructor(
     dir: string,
     recursive: boolean,
     signal: AbortSignal | undefined,
+    onSkip?: (skipped: Skipped) => void,
   ) {
+    this.#onSkip = onSkip;
     this.#dir = dir;
     this.#recursive = recursive;
     this.#signal = signal;
@@ -268,6 +275,25 @@ export class Session implements AsyncIterableIterator<Change[]> {
     return d;
   }
 
+  /**
+   * Tells onSkip of an entry left out unread, once per watch. A throw of
+   * onSkip is thrown again on its own, as an event listener's is: the
+   * watch goes on.
+   */
+  readonly #skip = (skipped: Skipped): void => {
+    if (this.#onSkip === undefined) return;
+    const key = `${skipped.reason}\0${skipped.path}`;
+    if (this.#skipped.has(key) || this.#skipped.size >= 4096) return;
+    this.#skipped.add(key);
+    try {
+      this.#onSkip({ ...skipped });
+    } catch (err) {
+      queueMicrotask(() => {
+        throw err;
+      });
+    }
+  };
+
   /** The first batch: every lock there is now, as scan() lists it. */
   async #begin(): Promise<void> {
     const present: Change[] = [];
@@ -281,7 +307,7 @@ export class Session implements AsyncIterableIterator<Change[]> {
         if (d === this.#top) throw topError(err, d.path);
         continue;
       }
-      for (const { name, kind } of entries) {
+      for (const { name, kind } of lockEntries(d.path, entries, this.#skip)) {
         const path = within(d.path, name);
         if (kind === "directory") {
           if (this.#recursive) {
@@ -290,7 +316,6 @@ export class Session implements AsyncIterableIterator<Change[]> {
           }
           continue;
         }
-        if (kind !== "file" || TEMP_NAME.test(name)) continue;
         const seen = look(path);
         // In a takeover, or out of descriptors: look again below.
         if (seen.kind === "racing" || seen.kind === "unknown") {
@@ -350,11 +375,11 @@ export class Session implements AsyncIterableIterator<Change[]> {
       } catch {
         continue;
       }
-      for (const e of entries) {
+      for (const e of lockEntries(c.path, entries, this.#skip)) {
         if (e.kind === "directory") {
           const grand = this.#child(c, e.name);
           if (grand !== undefined) dirs.push(grand);
-        } else if (e.kind === "file" && !TEMP_NAME.test(e.name)) {
+        } else {
           this.#paths.settle(within(c.path, e.name), c, false);
         }
       }
@@ -560,14 +585,13 @@ export class Session implements AsyncIterableIterator<Change[]> {
         continue;
       }
       const names = new Set<string>();
-      for (const { name, kind } of entries) {
-        names.add(name);
+      for (const { name } of entries) names.add(name);
+      for (const { name, kind } of lockEntries(d.path, entries, this.#skip)) {
         const path = within(d.path, name);
         if (kind === "directory") {
           if (this.#recursive && !d.children.has(name)) this.#addChild(d, name);
           continue;
         }
-        if (kind !== "file" || TEMP_NAME.test(name)) continue;
         const run = this.#paths.runs.get(path);
         if (run === undefined) {
           if (!d.others.has(name)) this.#paths.settle(path, d, false);

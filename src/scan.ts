@@ -6,7 +6,7 @@
  */
 
 import { errnoOf, lockPath, type Probe, within } from "./_protocol.ts";
-import { TEMP_NAME } from "./_record_here.ts";
+import { lockEntries, type Skipped } from "./_listing.ts";
 import { probe, RACING_SLEEPS } from "./_probe.ts";
 import { LockPermissionError, RunlockError } from "./errors.ts";
 import { platform as p } from "./platform/current.ts";
@@ -29,20 +29,30 @@ export interface ScanOptions {
   recursive?: boolean;
   /** Stops the scan: the promise rejects with the signal's reason. */
   signal?: AbortSignal;
+  /**
+   * Called for each entry the scan leaves out unread (see
+   * {@linkcode Skipped}): a file named like runlock's temp files, and a
+   * file or directory whose name is not UTF-8. Default: none.
+   */
+  onSkip?: (skipped: Skipped) => void;
 }
 
 /**
  * The {@linkcode Inspection} of every runlock lock file under `dir`, sorted
  * by path. A lock is found by its record (the `runlock` marker on line 2),
- * so any file name works; plain pidfiles, other files and temp-file litter
- * are not locks and are not listed, nor are files this user cannot read.
+ * so any name works but one like runlock's temp files
+ * (`.<name>.<16 hex digits>.tmp`, which is litter or a lock being taken);
+ * plain pidfiles and other files are not locks and are not listed, nor
+ * are files this user cannot read. A temp-named file (not empty) and a
+ * name that is not UTF-8 (which a path string cannot name) are left out
+ * unread and reported to `onSkip`.
  * Never takes a lock, never writes: each file is probed as
  * {@linkcode inspect} does (a shared flock, one read).
  *
  * Permissions (Deno): `--allow-read` for `dir`.
  *
  * @param dir The directory to look in.
- * @param options `recursive` and `signal`.
+ * @param options `recursive`, `signal` and `onSkip`.
  * @returns The inspections, sorted by path; `[]` when `dir` does not exist.
  * @throws {TypeError} `dir` is empty or holds a NUL.
  * @throws {LockPermissionError} `dir` cannot be read (a subdirectory that
@@ -79,6 +89,7 @@ export async function scan(
   }
   const recursive = options?.recursive ?? false;
   const signal = options?.signal;
+  const onSkip = options?.onSkip;
   signal?.throwIfAborted();
   const found: Inspection[] = [];
   const racing: string[] = [];
@@ -95,7 +106,7 @@ export async function scan(
       if (errnoOf(err) === "ENOENT") return [];
       throw listError(err, d);
     }
-    for (const { name, kind } of entries) {
+    for (const { name, kind } of lockEntries(d, entries, onSkip)) {
       // Let the rest of the program run in a big tree (timers: the signal's,
       // a held lock's checks; I/O): a turn of the event loop every 10 ms,
       // not one per file.
@@ -109,7 +120,6 @@ export async function scan(
         if (recursive) dirs.push(path);
         continue;
       }
-      if (kind !== "file" || TEMP_NAME.test(name)) continue;
       const result = look(path);
       if (result === undefined) continue;
       if (result.racing) racing.push(path);

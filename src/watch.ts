@@ -9,6 +9,7 @@
 
 import { Session } from "./_watch_session.ts";
 import type { Inspection } from "./probes.ts";
+import type { Skipped } from "./_listing.ts";
 
 /**
  * What happened at a lock path:
@@ -82,6 +83,13 @@ export interface WatchOptions {
   recursive?: boolean;
   /** Ends the iteration and frees every watch and descriptor. */
   signal?: AbortSignal;
+  /**
+   * Called once per watch for each entry it leaves out unread, as
+   * {@linkcode scan}'s `onSkip` is (see {@linkcode Skipped}): a file
+   * named like runlock's temp files, not empty, and a file or directory
+   * whose name is not UTF-8. Default: none.
+   */
+  onSkip?: (skipped: Skipped) => void;
 }
 
 /**
@@ -128,7 +136,7 @@ export interface WatchOptions {
  * Permissions (Deno): `--allow-read` for `dir`.
  *
  * @param dir The directory to watch.
- * @param options `recursive` and `signal`.
+ * @param options `recursive`, `signal` and `onSkip`.
  * @returns Batches of changes, the first the current state.
  * @throws {TypeError} `dir` is not a non-empty string without NUL, or an
  * option has the wrong type (thrown by `watch()` itself).
@@ -182,7 +190,15 @@ export function watch(
       }`,
     );
   }
+  const onSkip = options?.onSkip;
+  if (onSkip !== undefined && typeof onSkip !== "function") {
+    throw new TypeError(
+      `Cannot watch as 'onSkip' must be a function: current value is ${
+        String(onSkip)
+      }`,
+    );
+  }
   return {
-    [Symbol.asyncIterator]: () => new Session(dir, recursive, signal),
+    [Symbol.asyncIterator]: () => new Session(dir, recursive, signal, onSkip),
   };
 }

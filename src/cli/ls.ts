@@ -9,7 +9,7 @@
 import { statSync } from "node:fs";
 import { process } from "../_process.ts";
 import { redact } from "../_redact.ts";
-import { scan, watch } from "../../mod.ts";
+import { scan, type Skipped, watch } from "../../mod.ts";
 import { onePath, parse, UsageError } from "./_args.ts";
 import {
   databaseUrl,
@@ -182,8 +182,13 @@ async function ls(args: string[], io: CliIo): Promise<number> {
     if (kind === "missing") {
       throw new Error(`ls: ${printable(req.where)} does not exist`);
     }
-    const found = await scan(req.where, { recursive: req.recursive });
+    const skipped: Skipped[] = [];
+    const found = await scan(req.where, {
+      recursive: req.recursive,
+      onSkip: (s) => skipped.push(s),
+    });
     print(found, req.json, io);
+    for (const s of skipped) io.err(skipLine(s));
     // Said on stderr, for a person: stdout stays one line per lock (none).
     if (found.length === 0 && !req.json) {
       io.err(
@@ -204,6 +209,14 @@ async function ls(args: string[], io: CliIo): Promise<number> {
   } finally {
     await locks.end();
   }
+}
+
+/** What ls says on stderr of an entry scan() or watch() left out. */
+function skipLine(s: Skipped): string {
+  const why = s.reason === "temp name"
+    ? "named like runlock's temp files (.NAME.<16 hex digits>.tmp: litter, or a lock being taken), so not read; if it is a lock, runlock status names its holder"
+    : "its name is not UTF-8 (shown with \uFFFD), and runlock opens files by names it can spell, so what it holds is not listed";
+  return `runlock: ls: skipped ${printable(s.path)}: ${why}`;
 }
 
 /** What the live table's title says is watched. */
@@ -241,12 +254,16 @@ async function live(req: Request, io: CliIo): Promise<number> {
     (req.json ? jsonSink(io, stop) : lineSink(io, stop));
   const undo = endings(stop, table, ours);
   let end: (() => Promise<void>) | undefined;
+  // Said on stderr as seen; under the live table, once it is gone (a line
+  // written under it would be drawn over).
+  const skipped: Skipped[] = [];
   try {
     let changes: AsyncIterable<LiveChange[]>;
     if (req.url === undefined) {
       changes = watch(req.where, {
         recursive: req.recursive,
         signal: stop.signal,
+        onSkip: (s) => table ? skipped.push(s) : io.err(skipLine(s)),
       });
     } else {
       const locks = await database(req.url);
@@ -271,6 +288,7 @@ async function live(req: Request, io: CliIo): Promise<number> {
   } finally {
     sink.close();
     undo();
+    for (const s of skipped) io.err(skipLine(s));
     if (!stop.signal.aborted) stop.abort("done");
     await end?.();
   }
