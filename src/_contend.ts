@@ -15,7 +15,7 @@ import { platform as p } from "./platform/current.ts";
 import { type FileInfo, type Handle, SysError } from "./platform/types.ts";
 import { MAX_RECORD_BYTES, parseRecord } from "./record.ts";
 import {
-  childAlive,
+  childHolds,
   elsewhere,
   errnoOf,
   foreignAlive,
@@ -145,7 +145,7 @@ function holderOf(target: Target, handle: Handle, ours: FileInfo): Verdict {
   // A dead runlock run whose command lives holds it through that command
   // (PROTOCOL.md, "Handing the lock to a command"): no takeover.
   const child = record.kind === "runlock" && live === "dead" &&
-      childAlive(record.child)
+      childHolds(record.child, ours.ino)
     ? record.child
     : 0;
   const sure = record.kind !== "garbage" &&

@@ -9,7 +9,7 @@ import type { InvalidLockFileError, RunlockError } from "./errors.ts";
 import { type Dir, type Handle, SysError } from "./platform/types.ts";
 import { MAX_RECORD_BYTES, parseRecord } from "./record.ts";
 import {
-  childAlive,
+  childHolds,
   elsewhere,
   errnoOf,
   foreignAlive,
@@ -91,9 +91,13 @@ export function probe(
         const record = parseRecord(handle.readAll(MAX_RECORD_BYTES + 1));
         result.far = record.kind === "runlock" &&
           elsewhere(record) !== undefined;
-        result.child = record.kind === "runlock" ? record.child : 0;
+        const child = record.kind === "runlock" && !result.far &&
+            childHolds(record.child, handle.stat().ino)
+          ? record.child
+          : 0;
+        result.child = child;
         result.racing = record.kind === "runlock" &&
-          (result.far || !childAlive(result.child));
+          (result.far || child === 0);
       }
       return result;
     }
@@ -116,9 +120,14 @@ export function probe(
         // elsewhere (another host, boot or PID namespace) cannot be asked:
         // maybe a live holder, maybe a takeover; look again briefly.
         result.far = locked && elsewhere(record) !== undefined;
-        result.racing = locked &&
-          (result.far ||
-            (liveness(record.pid) === "dead" && !childAlive(record.child)));
+        if (locked && !result.far && liveness(record.pid) === "dead") {
+          // runlock is gone: its command is named only while it holds the
+          // lock; otherwise a takeover in progress, or a holder unknown.
+          if (!childHolds(record.child, handle.stat().ino)) result.child = 0;
+          result.racing = result.child === 0;
+        } else {
+          result.racing = locked && result.far;
+        }
         return result;
       case "foreign":
         result.pid = record.pid;

@@ -24,7 +24,7 @@ import {
   type Liveness,
   SysError,
 } from "./platform/types.ts";
-import { MAX_PID } from "./record.ts";
+import { MAX_PID, MAX_RECORD_BYTES } from "./record.ts";
 
 /** Attempts in one acquire loop before giving up as contended. */
 export const MAX_ATTEMPTS = 16;
@@ -333,15 +333,51 @@ export function liveness(pid: number): Liveness {
   return p.processAlive(pid);
 }
 
+const fdinfoDecoder = new TextDecoder();
+
 /**
  * Whether the command `runlock run` handed a lock to (the record's
- * `child=`), or a process of its process group (the command leads one of
- * its own), is alive: then a held flock under a dead runlock is that
- * command's, not a takeover in progress. False when it cannot be told.
+ * `child=`) holds the flock of the lock file, inode `ino`: one of its
+ * descriptors shows that inode's FLOCK WRITE lock in
+ * `/proc/<child>/fdinfo`. Then a held flock under a dead runlock is that
+ * command's, not a takeover in progress. A PID that lives but holds no
+ * such lock (reused, or a command that closed fd 9 while what it started
+ * keeps it) is not named. False when it cannot be told (no /proc, or no
+ * permission to read it).
  */
-export function childAlive(child: number): boolean {
-  if (liveness(child) === "alive") return true;
-  return child >= 2 && child <= MAX_PID && p.processAlive(-child) === "alive";
+export function childHolds(child: number, ino: number): boolean {
+  if (liveness(child) !== "alive" || child === p.pid) return false;
+  const dir = `/proc/${child}/fdinfo`;
+  let names: string[];
+  try {
+    names = p.readDir(dir);
+  } catch {
+    return false;
+  }
+  // The device in these lines is the superblock's, which can differ from
+  // stat's: the inode alone is matched, with the lock's kind.
+  const lock = new RegExp(
+    `FLOCK +ADVISORY +WRITE +[0-9]+ +[0-9a-f]+:[0-9a-f]+:${ino} `,
+  );
+  for (const name of names) {
+    let h: Handle | "ENOENT";
+    try {
+      h = p.openExisting(`${dir}/${name}`);
+    } catch {
+      continue;
+    }
+    if (h === "ENOENT") continue;
+    try {
+      if (lock.test(fdinfoDecoder.decode(h.readAll(MAX_RECORD_BYTES)))) {
+        return true;
+      }
+    } catch {
+      // Closed meanwhile: not this one.
+    } finally {
+      h.close();
+    }
+  }
+  return false;
 }
 
 /**

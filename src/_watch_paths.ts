@@ -491,7 +491,7 @@ function noneInspection(path: string, seen: Seen): Inspection {
 }
 
 /**
- * Whether `runlock run` marked the record released (`child=0000000000`)
+ * Whether `runlock run` marked the record released (`child=released--`)
  * before it let go: the flock left on the inode is held by what its
  * command left running with the descriptor open, not by a run.
  */

@@ -246,7 +246,11 @@ class RunLock implements Lock {
       if (at < 0) return false;
       this.#childAt = at + CHILD_LINE_BYTES.length - 11;
     }
-    handle.writeAt(encoder.encode(childDigits(pid)), this.#childAt);
+    handle.writeAt(
+      encoder.encode(childDigits(pid)),
+      this.#childAt,
+      within(this.#target.pinned.prefix, this.#target.name),
+    );
     return true;
   }
   /** Where the `child=` value is in the record, once found. */

@@ -84,11 +84,15 @@ export const CHILD_LINE = "child=----------\n";
  * (its command has ended): what still holds the file's flock (a process the
  * command left running with the descriptor open) is no run.
  */
-export const CHILD_RELEASED = "0000000000";
+export const CHILD_RELEASED = "released--";
 
-/** The ten digits of `pid` for the `child=` line (0: released). */
+/**
+ * The ten characters of the `child=` value: `pid` zero-padded, or
+ * {@linkcode CHILD_RELEASED} for 0. The marker has no digit, so a read that
+ * meets it half written sees a mix that is no PID.
+ */
 export function childDigits(pid: number): string {
-  return String(pid).padStart(10, "0");
+  return pid === 0 ? CHILD_RELEASED : String(pid).padStart(10, "0");
 }
 
 /** A `child=` value as the protocol reads it: ten digits, 2 to MAX_PID. */

@@ -7,14 +7,21 @@
 // command, a shell that waits on a FIFO until the test writes to it.
 import assert from "node:assert/strict";
 import { spawn, spawnSync } from "node:child_process";
-import { closeSync, constants, mkdirSync, openSync, writeSync } from "node:fs";
+import {
+  closeSync,
+  constants,
+  mkdirSync,
+  openSync,
+  readFileSync,
+  writeSync,
+} from "node:fs";
 import { writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import process from "node:process";
 import { describe, test } from "node:test";
 import { type Change, watch } from "../mod.ts";
-import { cli, cliRuntime, start } from "./_cli.ts";
-import { tempDir } from "./_helpers.ts";
+import { Background, cli, cliRuntime, start } from "./_cli.ts";
+import { tempDir, waitFor } from "./_helpers.ts";
 
 declare const Deno: { execPath(): string } | undefined;
 
@@ -286,3 +293,130 @@ describe(
     });
   },
 );
+
+/** The argv of `runlock` under Deno with the install line's permissions. */
+function noFfiCli(): string[] {
+  const cliTs = join(
+    new URL(".", import.meta.url).pathname,
+    "..",
+    "src",
+    "cli.ts",
+  );
+  return [
+    Deno!.execPath(),
+    "run",
+    "--quiet",
+    "--allow-read",
+    "--allow-write",
+    "--allow-sys=hostname",
+    "--allow-run",
+    "--allow-env",
+    cliTs,
+  ];
+}
+
+describe("runlock run's record while its command runs", {
+  skip: !hasMkfifo || process.platform !== "linux",
+}, () => {
+  for (const how of ["with FFI", "under Deno without FFI"] as const) {
+    test(
+      `${how}: a command that writes to fd 9 (as scripts for flock(1) do) appends to the record, never over it`,
+      {
+        skip: how === "under Deno without FFI" &&
+          (cliRuntime !== "deno" || process.env.RUNLOCK_CLI !== undefined),
+      },
+      async () => {
+        const { dir, cleanup } = tempDir();
+        const lock = join(dir, "run.lock");
+        const fifo = join(dir, "fifo");
+        assert.equal(spawnSync("mkfifo", [fifo]).status, 0);
+        const command = [
+          "sh",
+          "-c",
+          'echo "ready $$"; read x < "$1"; echo "pid=$$" >&9; echo written',
+          "sh",
+          fifo,
+        ];
+        const runner = how === "with FFI"
+          ? start("run", lock, "--", ...command)
+          : new Background([...noFfiCli(), "run", lock, "--", ...command]);
+        try {
+          const pid = Number((await runner.line(/^ready \d+$/)).slice(6));
+          // Once runlock has named the command in the record.
+          await waitFor(
+            () =>
+              JSON.parse(cli("status", "--json", lock).stdout).child === pid,
+            "the record names the command",
+          );
+          await writeFile(fifo, "go\n");
+          await runner.line(/^written$/);
+          const record = readFileSync(lock, "utf8");
+          assert.match(record, new RegExp(`\\nchild=0*${pid}\\n`), record);
+          assert.match(record, /\nmeta\.cmd=sh -c /, record);
+          assert.ok(record.endsWith(`pid=${pid}\n`), record);
+          assert.equal((await runner.exited).code, 0);
+        } finally {
+          release(fifo);
+          await runner.exited;
+          cleanup();
+        }
+      },
+    );
+  }
+
+  test("runlock SIGKILLed, then its command ends while what it started holds fd 9: status names no command (its pid may be reused), and a run is still refused", async () => {
+    const { dir, cleanup } = tempDir();
+    const lock = join(dir, "run.lock");
+    const daemon = join(dir, "daemon");
+    const fifo = join(dir, "command");
+    assert.equal(spawnSync("mkfifo", [daemon, fifo]).status, 0);
+    const runner = start(
+      "run",
+      lock,
+      "--",
+      "sh",
+      "-c",
+      '(read x < "$1") >/dev/null 2>&1 & echo "ready $$"; read y < "$2"',
+      "sh",
+      daemon,
+      fifo,
+    );
+    try {
+      const pid = Number((await runner.line(/^ready \d+$/)).slice(6));
+      await waitFor(
+        () => JSON.parse(cli("status", "--json", lock).stdout).child === pid,
+        "the record names the command",
+      );
+      runner.signal("SIGKILL");
+      await runner.died;
+      // The command ends; its background process keeps fd 9, and so the
+      // lock, in the command's process group.
+      await writeFile(fifo, "go\n");
+      await waitFor(() => {
+        try {
+          process.kill(pid, 0);
+          return false;
+        } catch {
+          return true;
+        }
+      }, "the command ended");
+      const json = JSON.parse(cli("status", "--json", lock).stdout);
+      assert.deepEqual(
+        [json.state, json.child],
+        ["held", 0],
+        JSON.stringify(json),
+      );
+      const status = cli("status", lock);
+      assert.doesNotMatch(status.stdout, new RegExp(`pid ${pid}\\b`));
+      assert.match(status.stdout, /fuser -v names it/);
+      const second = cli("run", lock, "--", "true");
+      assert.equal(second.code, 75, JSON.stringify(second));
+      assert.doesNotMatch(second.stderr, new RegExp(`pid ${pid}\\b`));
+    } finally {
+      release(fifo);
+      release(daemon);
+      await runner.exited;
+      cleanup();
+    }
+  });
+});

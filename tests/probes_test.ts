@@ -171,7 +171,9 @@ describe("the record's child= line (the command runlock run handed the lock to)"
         ["--00000123", 0],
         ["12345", 0], // not ten digits
         ["0000000001", 0], // pid 1 is never a command runlock started
-        ["0000000000", 0], // released
+        ["0000000000", 0],
+        ["released--", 0], // the run released the lock
+        ["0000000045", 45], // a pid (a torn read of the marker never is)
         ["2147483648", 0], // over the largest pid
         [" 000012345", 0],
       ];

@@ -420,8 +420,8 @@ sends SIGTERM to the command's process group instead.
 The command gets the lock's descriptor as fd 9, as with flock(1):
 if runlock itself is SIGKILLed, the lock lives on for as long as
 the command (or what it started with fd 9 open: start a daemon
-with 9>&-) runs, and status says held with runlock's pid, gone;
-the next run takes it once they end.
+with 9>&-) runs, and status names the command's pid; the next
+run takes it once they end.
 With --db the lock is runlock's database session, which ends with
 runlock: the command then runs on without it.
 ${DB_HELP}

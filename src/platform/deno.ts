@@ -297,16 +297,34 @@ class DenoHandle implements Handle {
     }
   }
 
-  writeAt(data: Uint8Array, offset: number): void {
-    this.#fresh = false;
+  writeAt(data: Uint8Array, offset: number, path: string): void {
+    // Through a second open file of the same inode: a seek of our own
+    // would move the offset that every descriptor of this open file
+    // shares, such as the command's fd 9 (`runlock run`), whose writes
+    // would then land in the record. The name may lead to another file
+    // by now: only our inode is written.
+    let other: Deno.FsFile | undefined;
     try {
-      this.#file.seekSync(offset, Deno.SeekMode.Start);
+      other = Deno.openSync(path, { write: true });
+      const ours = this.#file.statSync();
+      const theirs = other.statSync();
+      if (ours.dev !== theirs.dev || ours.ino !== theirs.ino) {
+        throw new SysError(
+          "ESTALE",
+          "write",
+          `write '${path}': the name leads to another file now`,
+        );
+      }
+      other.seekSync(offset, Deno.SeekMode.Start);
       let done = 0;
       while (done < data.length) {
-        done += this.#file.writeSync(data.subarray(done));
+        done += other.writeSync(data.subarray(done));
       }
     } catch (err) {
-      throw sysError(err, "write", this.#path);
+      if (err instanceof SysError) throw err;
+      throw sysError(err, "write", path);
+    } finally {
+      other?.close();
     }
   }
 

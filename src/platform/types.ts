@@ -39,8 +39,13 @@ export interface Handle {
   unlock(): void;
   /** Writes all of `data` at the current offset. */
   write(data: Uint8Array): void;
-  /** Writes all of `data` at `offset` (`pwrite`, or the nearest equivalent). */
-  writeAt(data: Uint8Array, offset: number): void;
+  /**
+   * Writes all of `data` at `offset` (`pwrite`), never moving this open
+   * file's offset, which other descriptors of it share. Where the runtime
+   * has no positional write, through a second open file of `path` (the
+   * file's name now), written only if it is this inode.
+   */
+  writeAt(data: Uint8Array, offset: number, path: string): void;
   /**
    * Reads up to `max` bytes from offset 0. The answer is a view on a buffer
    * that the next read of any handle reuses (a copy cost 0.6 µs per record
