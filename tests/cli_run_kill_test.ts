@@ -150,6 +150,9 @@ async function killedRunner(
       runlockPid,
       command,
     ]);
+    // ls names the live command in its pid column.
+    const ls = cli("ls", locks);
+    assert.match(ls.stdout, new RegExp(`^held +${command} `, "m"), ls.stdout);
     const before = watcher.changes.length;
     await end();
     // The watch saw no crash while the command held the lock: the run

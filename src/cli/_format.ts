@@ -152,9 +152,8 @@ export function describeState(info: Info, now: Date = new Date()): string {
       // runlock run handed the lock to its command (PROTOCOL.md, "Handing
       // the lock to a command"): the record names the command too. Once
       // runlock is gone, the command is the live process to name.
-      const child = info.child ?? 0;
-      const handed = child > 0 && !info.foreign && gone(info, true);
-      let line = `held by pid ${handed ? child : info.pid}`;
+      const handed = handedTo(info);
+      let line = `held by pid ${handed || info.pid}`;
       if (host) line += ` on ${host}`;
       if (info.started) {
         line += ` since ${clock(info.started, now)} (${
@@ -188,6 +187,18 @@ export function describeState(info: Info, now: Date = new Date()): string {
         printable(info.reason ?? "")
       }`;
   }
+}
+
+/**
+ * The command a held lock's `runlock run` handed it to, when that run is
+ * gone and the command holds the lock (the probe named it: `child`), or 0.
+ */
+function handedTo(info: Info): number {
+  const child = info.child ?? 0;
+  return info.state === "held" && child > 0 && !info.foreign &&
+      gone(info, true)
+    ? child
+    : 0;
 }
 
 /**
@@ -246,7 +257,7 @@ export function pidWarning(info: Info): string | undefined {
 export function lsCells(info: Info, now: number): string[] {
   return [
     info.state,
-    info.pid === 0 ? "-" : String(info.pid),
+    info.pid === 0 ? "-" : String(handedTo(info) || info.pid),
     printable(info.host) || "-",
     info.started ? ago(now - info.started.getTime()) : "-",
     printable(
