@@ -152,12 +152,21 @@ function need(name: "read" | "write", dir: string, syscall: string): void {
   granted.add(key);
 }
 
+// Deno closes a Worker's own files when it ends (terminate() included),
+// and so drops their flocks; a descriptor opened through the FFI stays
+// open for the life of the process, holding its lock. In a Worker, Deno's
+// ops serve.
+const IN_WORKER =
+  typeof (globalThis as { WorkerGlobalScope?: unknown }).WorkerGlobalScope !==
+    "undefined";
+
 // libc's *at() calls (`_at_deno.ts`), or null where Deno's ops serve:
-// only with every permission granted, on Linux x86-64 and arm64.
+// only with every permission granted, on Linux x86-64 and arm64, outside
+// Workers.
 let atLibc: Libc | null | undefined;
 function at(): Libc | null {
   if (atLibc === undefined) {
-    atLibc = LINUX && hasAllAccess() ? libc() ?? null : null;
+    atLibc = LINUX && !IN_WORKER && hasAllAccess() ? libc() ?? null : null;
   }
   return atLibc;
 }
