@@ -788,6 +788,30 @@ function* acquireSteps(
           k.close();
         }
       };
+      /**
+       * A whole look (the read-only probe): whether the lock is no longer
+       * held. Notes what it saw held for the quick looks.
+       */
+      const lookWhole = (): boolean => {
+        const found = probe(target, target.pinned);
+        if (found.state !== "held") return true;
+        seen = found;
+        seenAt = performance.now();
+        // Whether an event will tell of this holder's end: a runlock
+        // record of this host, whose holder has the file open for writing.
+        // Not a dead PID under a held flock (`racing`): whoever holds the
+        // flock is not the record's writer (flock(1) on a crashed run's
+        // file, a taker's read-only descriptor), and its close is no
+        // IN_CLOSE_WRITE.
+        seenKey = found.marker && !found.far && !found.racing && found.pid > 0
+          ? fileKey(target.pinned, target.name)
+          : "";
+        if (seenKey === "") seen = undefined;
+        return false;
+      };
+      // The watches (their key) under which the last look was made:
+      // none for the attempt, made before they were armed.
+      let lookedUnder: string | undefined;
       /** The longest sleep before the next look, after one that saw `seen`. */
       const capOf = (armed: string | undefined) =>
         seen === undefined
@@ -818,6 +842,20 @@ function* acquireSteps(
           // the watch is asked for again before the next.
           if (lookKept()) break;
           if (!now && seen !== undefined && !ramp) interval = capOf(armed);
+        } else if (
+          armed !== undefined && armed !== lookedUnder && !now &&
+          seen !== undefined && capOf(armed) === WATCHED_MAX
+        ) {
+          // The watches are armed only now (a Deno watch refused until a
+          // turn later), over a holder last seen by a look made before
+          // them: a holder that ended in between told no event, and a
+          // zombie's PID still answers kill, so the quick looks would miss
+          // its end until a whole look 10 s later (a CI run under a CPU hog
+          // waited 11 s). As after the attempt, the first look under the
+          // watches comes at once, and looks at the flock: a whole look
+          // here, the attempt's descriptor being closed by then.
+          if (lookWhole()) break;
+          if (seen !== undefined && !ramp) interval = capOf(armed);
         }
         // While the watches tell of this holder's end, the looks only cover
         // a missed event: one due less than half a sleep before the
@@ -863,22 +901,9 @@ function* acquireSteps(
           fileKey(target.pinned, target.name) !== seenKey ||
           liveness(seen.pid) !== "alive"
         ) {
-          const found = probe(target, target.pinned);
-          if (found.state !== "held") break;
-          seen = found;
-          seenAt = performance.now();
-          // Whether an event will tell of this holder's end: a runlock
-          // record of this host, whose holder has the file open for writing.
-          // Not a dead PID under a held flock (`racing`): whoever holds the
-          // flock is not the record's writer (flock(1) on a crashed run's
-          // file, a taker's read-only descriptor), and its close is no
-          // IN_CLOSE_WRITE.
-          seenKey = found.marker && !found.far && !found.racing &&
-              found.pid > 0
-            ? fileKey(target.pinned, target.name)
-            : "";
-          if (seenKey === "") seen = undefined;
+          if (lookWhole()) break;
         }
+        lookedUnder = armed;
         const cap = capOf(armed);
         if (wake.woken || now) {
           interval = 1;
