@@ -331,14 +331,19 @@ describe("runlock run's record while its command runs", {
       async () => {
         const { dir, cleanup } = tempDir();
         const lock = join(dir, "run.lock");
+        // The command reads `fifo` before it writes to fd 9, and `ending`
+        // before it ends.
         const fifo = join(dir, "fifo");
-        assert.equal(spawnSync("mkfifo", [fifo]).status, 0);
+        const ending = join(dir, "ending");
+        assert.equal(spawnSync("mkfifo", [fifo, ending]).status, 0);
         const command = [
           "sh",
           "-c",
-          'echo "ready $$"; read x < "$1"; echo "pid=$$" >&9; echo written',
+          'echo "ready $$"; read x < "$1"; echo "pid=$$" >&9; echo written; ' +
+          'read y < "$2"',
           "sh",
           fifo,
+          ending,
         ];
         const runner = how === "with FFI"
           ? start("run", lock, "--", ...command)
@@ -357,9 +362,11 @@ describe("runlock run's record while its command runs", {
           assert.match(record, new RegExp(`\\nchild=0*${pid}\\n`), record);
           assert.match(record, /\nmeta\.cmd=sh -c /, record);
           assert.ok(record.endsWith(`pid=${pid}\n`), record);
+          await writeFile(ending, "go\n");
           assert.equal((await runner.exited).code, 0);
         } finally {
           release(fifo);
+          release(ending);
           await runner.exited;
           cleanup();
         }
