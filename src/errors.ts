@@ -371,8 +371,10 @@ export class LockLostError extends RunlockError {
 
 /**
  * runlock's file locks run on Linux on x86_64, the platform its tests run
- * on; importing them elsewhere throws this at import (the PostgreSQL
- * backend, `@runlock/runlock/postgres`, does not). `path` is `""`.
+ * on; importing them elsewhere throws this at import. From JSR the
+ * PostgreSQL backend (`@runlock/runlock/postgres`) still loads there; the
+ * npm package, which installs on Linux x86_64 only, loads its error classes
+ * from the library and throws the same. `path` is `""`.
  *
  * @example What the error says
  * ```ts
