@@ -528,7 +528,16 @@ describe("a lock's directory moved away and replaced while a run waits for it", 
           const x = await holder(path);
           children.push(x);
           h.send("release");
-          await h.expect("released");
+          // The old holder may find, as it releases, that its directory was
+          // moved away or mounted over (a loss it reports; its lock is
+          // removed all the same): either way it lets go.
+          const letGo = await h.next();
+          assert.ok(
+            letGo.event === "released" ||
+              (letGo.event === "release-error" &&
+                letGo.name === "LockLostError"),
+            JSON.stringify(letGo),
+          );
           // Whatever the waiter did on that release, the lock at the path is
           // X's until X lets go; then the waiter's.
           x.send("release");
