@@ -55,7 +55,7 @@ export function lockEntries(
   // A name that is not UTF-8 arrives decoded with U+FFFD in place of its
   // bad bytes (Deno and Node alike): it names another file or none, and
   // two such names can arrive as one string, the same as a real name's
-  // (a lock listed twice, and the other one never: issue 40). Each name
+  // (a lock listed twice, and the other one never). Each name
   // in a listing is unique, so of n copies of a string at most one is
   // real: the one lstat finds, if any.
   let copies: Map<string, number> | undefined;

@@ -850,10 +850,10 @@ function* acquireSteps(
           // turn later), over a holder last seen by a look made before
           // them: a holder that ended in between told no event, and a
           // zombie's PID still answers kill, so the quick looks would miss
-          // its end until a whole look 10 s later (a CI run under a CPU hog
-          // waited 11 s). As after the attempt, the first look under the
-          // watches comes at once, and looks at the flock: a whole look
-          // here, the attempt's descriptor being closed by then.
+          // its end until a whole look 10 s later. As after the attempt,
+          // the first look under the watches comes at once, and looks at
+          // the flock: a whole look here, the attempt's descriptor being
+          // closed by then.
           if (lookWhole()) break;
           if (seen !== undefined && !ramp) interval = capOf(armed);
         }

@@ -197,27 +197,11 @@ describe("runlock run SIGKILLed while its command runs", {
       skip: cliRuntime !== "deno" || process.env.RUNLOCK_CLI !== undefined,
     },
     async () => {
-      const cliTs = join(
-        new URL(".", import.meta.url).pathname,
-        "..",
-        "src",
-        "cli.ts",
-      );
       await killedRunner((lock, command) => {
-        const runner = spawn(Deno!.execPath(), [
-          "run",
-          "--quiet",
-          "--allow-read",
-          "--allow-write",
-          "--allow-sys=hostname",
-          "--allow-run",
-          "--allow-env",
-          cliTs,
-          "run",
-          lock,
-          "--",
-          ...command,
-        ], { stdio: ["ignore", "pipe", "inherit"] });
+        const [deno, ...argv] = noFfiCli();
+        const runner = spawn(deno, [...argv, "run", lock, "--", ...command], {
+          stdio: ["ignore", "pipe", "inherit"],
+        });
         const died = new Promise((r) => runner.on("exit", r));
         return {
           ready: new Promise<number>((resolve, reject) => {
