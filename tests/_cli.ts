@@ -94,9 +94,14 @@ export interface Result {
 
 /** Runs the CLI to completion. */
 export function cli(...args: string[]): Result {
+  return cliIn({}, ...args);
+}
+
+/** Runs the CLI to completion with `env` added to its environment. */
+export function cliIn(env: Record<string, string>, ...args: string[]): Result {
   const r = spawnSync(cmd, [...pre, ...args], {
     encoding: "utf8",
-    env: { ...process.env, NO_COLOR: "1" },
+    env: { ...process.env, NO_COLOR: "1", ...env },
     cwd: cliCwd,
   });
   return { code: r.status, stdout: r.stdout, stderr: r.stderr };

@@ -7,11 +7,21 @@ import assert from "node:assert/strict";
 import { chmodSync, mkdirSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { describe, test } from "node:test";
-import { cli, type Result } from "./_cli.ts";
+import { cli, cliIn, type Result, start } from "./_cli.ts";
 import { tempDir } from "./_helpers.ts";
 
 /** Every command, as `runlock --help` lists them. */
 const COMMANDS = ["status", "run", "wait", "ls", "db-setup"];
+
+/** Runs the CLI as on an 80-column terminal (COLUMNS unset: its default). */
+function cli80(...args: string[]): Result {
+  return cliIn({ COLUMNS: "80" }, ...args);
+}
+
+/** `text` with the lines a break made joined back to the line they continue. */
+function joined(text: string): string {
+  return text.replace(/\n {2}(?=\S)/g, " ");
+}
 
 /** Asserts that every line `r` printed, out or err, fits 80 columns. */
 function fits80(r: Result, what: string): void {
@@ -84,7 +94,7 @@ describe("runlock: usage errors", () => {
         r.stderr.split("\n")[0],
         `runlock: unknown command '${typed}'; did you mean '${meant}'?`,
       );
-      fits80(r, typed);
+      fits80(cli80(typed, "x"), typed);
     }
     const far = cli("frobnicate", "x");
     assert.equal(far.code, 2);
@@ -116,7 +126,7 @@ describe("runlock: usage errors", () => {
       );
       assert.deepEqual([...commands], [name], `${what}: ${r.stderr}`);
       assert.match(usage, new RegExp(`runlock ${name} --help`), what);
-      fits80({ ...r, stderr: usage }, `${what} (its usage)`);
+      fits80(cli80(...args), what);
     }
   });
 
@@ -137,7 +147,7 @@ describe("runlock: usage errors", () => {
         /^runlock: run: missing <path> before '--': runlock run <path> -- /,
         what,
       );
-      fits80(r, what);
+      fits80(cli80(...args), what);
     }
   });
 
@@ -168,7 +178,7 @@ describe("runlock: usage errors", () => {
         );
         assert.doesNotMatch(r.stderr, /pgLocks|'url'/, what);
         assert.doesNotMatch(r.stderr, /hunter2/, `${what}: the password`);
-        fits80(r, what);
+        fits80(cli80(...args), what);
       }
     }
   });
@@ -190,7 +200,7 @@ describe("runlock: usage errors", () => {
         db,
       );
       assert.doesNotMatch(r.stderr, /hunter2/, `${db}: the password`);
-      fits80(r, db);
+      fits80(cli80("status", `--db=${db}`, "k"), db);
     }
   });
 });
@@ -247,7 +257,7 @@ describe("runlock --help: 80 columns", () => {
       const r = cli(...args);
       assert.equal(r.code, 0, args.join(" "));
       assert.ok(r.stdout.length > 0, args.join(" "));
-      fits80(r, args.join(" "));
+      fits80(cli80(...args), args.join(" "));
     }
   });
 
@@ -256,7 +266,94 @@ describe("runlock --help: 80 columns", () => {
       const r = cli(...args);
       assert.equal(r.code, 2, args.join(" "));
       assert.match(r.stderr, /\nusage:\n/, args.join(" "));
-      fits80(r, args.join(" "));
+      fits80(cli80(...args), args.join(" "));
+    }
+  });
+});
+
+describe("runlock: a message wider than the terminal", () => {
+  test("is broken at spaces into lines of at most 80 columns, each break indented two, and read joined it is the one-line message: wait's time-out, a refused run, a misplaced --db, a refused connection", async () => {
+    const { dir, cleanup } = tempDir();
+    const path = join(dir, "a-state-directory-with-a-long-name", "run.lock");
+    const holder = start(
+      "run",
+      path,
+      "--",
+      "sh",
+      "-c",
+      "echo ready; exec sleep 120",
+      "sync-worker",
+    );
+    try {
+      await holder.line(/^ready$/);
+      const cases = [
+        ["wait", "--timeout=0", path],
+        ["run", path, "--", "true"],
+        ["status", "--db=postgres://app:hunter2@127.0.0.1:1/app", "k"],
+        ["--db=postgres://app:hunter2@127.0.0.1:1/app", "status", "k"],
+      ];
+      for (const args of cases) {
+        const what = args.join(" ");
+        const wide = cli(...args);
+        const message = wide.stderr.split("\nusage:\n")[0];
+        assert.ok(
+          message.split("\n").some((l) => [...l].length > 80),
+          `${what}: a message wider than 80 columns to break: ${message}`,
+        );
+        const narrow = cli80(...args);
+        assert.equal(narrow.code, wide.code, what);
+        fits80(narrow, what);
+        assert.equal(
+          joined(narrow.stderr.split("\nusage:\n")[0]),
+          message,
+          what,
+        );
+      }
+      const forty = cliIn({ COLUMNS: "40" }, "run", path, "--", "true");
+      const lines = forty.stderr.trimEnd().split("\n");
+      assert.ok(lines.length > 2, `COLUMNS=40 breaks more: ${forty.stderr}`);
+      assert.ok(
+        lines.every((l) => [...l].length <= 40 || !l.trim().includes(" ")),
+        `COLUMNS=40: no line over 40 columns but a single word: ${forty.stderr}`,
+      );
+      assert.equal(
+        joined(forty.stderr),
+        joined(cli80("run", path, "--", "true").stderr),
+      );
+    } finally {
+      // runlock forwards SIGTERM to the command's group.
+      holder.signal("SIGTERM");
+      await holder.exited;
+      cleanup();
+    }
+  });
+
+  test("never breaks inside a quoted command name, and a word wider than the line goes whole on a line of its own", () => {
+    const { dir, cleanup } = tempDir();
+    try {
+      const tool = `no such tool ${"x".repeat(30)} with spaces`;
+      const r = cli80("run", join(dir, "run.lock"), "--", tool);
+      assert.equal(r.code, 127);
+      fits80(r, tool);
+      assert.ok(
+        r.stderr.split("\n").some((l) => l.includes(`'${tool}':`)),
+        `the quoted name on one line: ${r.stderr}`,
+      );
+      assert.equal(
+        joined(r.stderr),
+        `runlock: cannot run '${tool}': command not found\n`,
+      );
+      const long = `/${"y".repeat(90)}`;
+      const w = cli80("run", join(dir, "run.lock"), "--", long);
+      assert.equal(w.code, 127);
+      assert.deepEqual(w.stderr.split("\n"), [
+        "runlock: cannot run",
+        `  '${long}':`,
+        "  no such file or directory",
+        "",
+      ]);
+    } finally {
+      cleanup();
     }
   });
 });

@@ -294,7 +294,11 @@ describe("runlock --db: the schema of db-setup, and the SQL a role needs", {
     const lines = r.stderr.split("\n");
     assert.equal(
       lines[0],
-      `runlock: $'job\\x1b[31m': cannot acquire the lock: PostgreSQL at ${cluster.host}:${cluster.port}, database "${db}", user "${app}"`,
+      `runlock: $'job\\x1b[31m': cannot acquire the lock:`,
+    );
+    assert.equal(
+      lines[1],
+      `PostgreSQL at ${cluster.host}:${cluster.port}, database "${db}", user "${app}"`,
     );
     assert.equal(
       r.stderr.split("$'").length,
@@ -303,11 +307,11 @@ describe("runlock --db: the schema of db-setup, and the SQL a role needs", {
     );
     assert.ok(!r.stderr.includes("\\n"), `no literal \\n:\n${r.stderr}`);
     assert.equal(
-      lines[1],
+      lines[2],
       `refused to create runlock's table "public".runlock_locks,`,
     );
     assert.match(
-      lines[2],
+      lines[3],
       /^which runlock creates on first use: .*\(42501\)\.$/,
     );
     assert.ok(
@@ -344,7 +348,16 @@ describe("runlock --db: the schema of db-setup, and the SQL a role needs", {
       assert.ok(at >= 0, `docs/cli.md's line ${JSON.stringify(line)}`);
       from = at + 1;
     }
-    psql(owner(db), ddl);
+    // As a terminal of 80 columns shows it, a long line broken at spaces
+    // (never inside a quoted name): pasted as shown, it is the same SQL.
+    const narrow = cliEnv({ COLUMNS: "80" }, "run", url, name, "--", "true");
+    assert.equal(narrow.code, 2, narrow.stderr);
+    for (const line of narrow.stderr.split("\n")) {
+      assert.ok([...line].length <= 80, `fits 80 columns: ${line}`);
+    }
+    const shownDdl = sqlAfter(narrow.stderr, "prints the same):");
+    assert.equal(shownDdl.replace(/\s+/g, " "), ddl.replace(/\s+/g, " "));
+    psql(owner(db), shownDdl);
     const ok = cli("run", url, name, "--", "echo", "ran");
     assert.equal(ok.code, 0, ok.stderr);
     assert.equal(ok.stdout, "ran\n");

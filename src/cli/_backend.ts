@@ -10,13 +10,12 @@
  */
 
 import { hostname } from "node:os";
-import { process } from "../_process.ts";
 import { acquire, type AcquireOptions, HeldError, inspect } from "../../mod.ts";
 import { CHILD_OPTION } from "../_inherit.ts";
 import { UsageError } from "./_args.ts";
 import type { Info } from "./_format.ts";
 import { checkLockPath } from "./_paths.ts";
-import { granted } from "./_permissions.ts";
+import { envValue, granted } from "./_permissions.ts";
 import { setupAdvice } from "./_setup_advice.ts";
 
 /** How often `run` checks that its lock file is still its own (ms). */
@@ -132,12 +131,6 @@ export function databaseUrl(
   if (url === undefined) return undefined;
   const name = envValue(SCHEMA_VARIABLE);
   return name ? { ...url, schema: { name, from: SCHEMA_VARIABLE } } : url;
-}
-
-/** A variable's value; under Deno without --allow-env, none (no prompt). */
-export function envValue(variable: string): string | undefined {
-  if (!granted({ name: "env", variable })) return undefined;
-  return process.env[variable];
 }
 
 /** The URL of --db=URL, else RUNLOCK_DATABASE_URL, else none. */

@@ -6,6 +6,8 @@
  */
 
 import { process } from "../_process.ts";
+import { envValue } from "./_permissions.ts";
+import { wrap } from "./_width.ts";
 import {
   clip,
   describeState,
@@ -42,13 +44,26 @@ export interface CliIo {
   status?(line: string): void;
 }
 
+/**
+ * The columns a message on stderr may take before it is broken: the
+ * COLUMNS variable when it is a number of at least 20, else 80.
+ */
+function columns(): number {
+  const given = Number(envValue("COLUMNS"));
+  return Number.isInteger(given) && given >= 20 ? given : 80;
+}
+
 /** The terminal line `status` last drew (its width, for TERM=dumb). */
 let drawn = 0;
 
-/** stdout and stderr, with the waiting line when stderr is a terminal. */
+/**
+ * stdout and stderr, with the waiting line when stderr is a terminal.
+ * Messages are broken at spaces to fit 80 columns (or COLUMNS); answers
+ * on stdout are printed as they are.
+ */
 export const stdio: CliIo = {
   out: (text) => process.stdout.write(text + "\n"),
-  err: (text) => process.stderr.write(text + "\n"),
+  err: (text) => process.stderr.write(wrap(text, columns()) + "\n"),
   ...(process.stderr.isTTY ? { status: drawLine } : {}),
 };
 

@@ -5,6 +5,8 @@
  * @module
  */
 
+import { process } from "../_process.ts";
+
 /** Whether Deno grants this (always true under Node and Bun). */
 export function granted(
   descriptor:
@@ -18,4 +20,10 @@ export function granted(
   }).Deno;
   return deno === undefined ||
     deno.permissions.querySync(descriptor).state === "granted";
+}
+
+/** A variable's value; under Deno without --allow-env, none (no prompt). */
+export function envValue(variable: string): string | undefined {
+  if (!granted({ name: "env", variable })) return undefined;
+  return process.env[variable];
 }

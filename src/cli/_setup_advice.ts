@@ -49,9 +49,8 @@ export function setupAdvice(err: unknown, name: string): unknown {
   // editing before it pastes; every other line is printed as it is.
   const sql = (line: string) => `  ${printable(line)}`;
   return new Said([
-    `${printable(name)}: cannot ${kept.action}: PostgreSQL at ${
-      printable(kept.server)
-    }`,
+    `${printable(name)}: cannot ${kept.action}:`,
+    `PostgreSQL at ${printable(kept.server)}`,
     `refused to create ${printable(a.what)},`,
     `which runlock creates on first use: ${
       printable(a.serverMessage)

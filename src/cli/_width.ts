@@ -169,3 +169,92 @@ export function cutStart(text: string, max: number): string {
   }
   return ELLIPSIS + kept;
 }
+
+/**
+ * `text` broken into lines of at most `max` columns where it has spaces,
+ * as runlock's messages are printed on stderr. Each line of `text` is
+ * broken on its own; the lines a break makes start with that line's own
+ * indent and two spaces more, so they read as its continuation. A quoted
+ * span (`'…'`, `"…"` or `$'…'` begun at the start of a word: a path, a
+ * command, an SQL identifier) is never broken, and a word wider than
+ * `max` goes whole on a line of its own: copied from the terminal, each
+ * still reads as it was written.
+ *
+ * @param text A printable text, lines separated by "\n".
+ * @param max The columns a line may take.
+ * @returns `text`, each line that was wider than `max` broken.
+ *
+ * @example A long message in two lines
+ * ```ts
+ * import assert from "node:assert/strict";
+ *
+ * assert.equal(
+ *   wrap("runlock: cannot run 'my tool': not found", 24),
+ *   "runlock: cannot run\n  'my tool': not found",
+ * );
+ * assert.equal(wrap("short", 30), "short");
+ * ```
+ */
+export function wrap(text: string, max: number): string {
+  return text.split("\n").map((line) => wrapLine(line, max)).join("\n");
+}
+
+/** One line of {@linkcode wrap}. */
+function wrapLine(line: string, max: number): string {
+  if (width(line) <= max) return line;
+  const indent = /^ */.exec(line)![0];
+  const more = indent + "  ";
+  const lines: string[] = [];
+  let current = indent;
+  let fresh = true;
+  for (const word of words(line.slice(indent.length))) {
+    if (fresh) {
+      current += word;
+      fresh = false;
+    } else if (width(current) + 1 + width(word) <= max) {
+      current += " " + word;
+    } else {
+      lines.push(current);
+      current = more + word;
+    }
+  }
+  lines.push(current);
+  return lines.join("\n");
+}
+
+/**
+ * The words of `line`, split at single spaces, a quoted span begun at the
+ * start of a word kept in its word. A quote never closed quotes nothing.
+ */
+function words(line: string): string[] {
+  const out: string[] = [];
+  let start = 0;
+  let i = 0;
+  while (i <= line.length) {
+    if (i === line.length || line[i] === " ") {
+      out.push(line.slice(start, i));
+      start = ++i;
+      continue;
+    }
+    const atWord = i === start || (i === start + 1 && line[start] === "$");
+    const quote = line[i];
+    if (atWord && (quote === "'" || quote === '"')) {
+      const end = closing(line, i + 1, quote);
+      if (end !== -1) {
+        i = end + 1;
+        continue;
+      }
+    }
+    i++;
+  }
+  return out;
+}
+
+/** Where the quote `quote` opened before `from` closes, or -1. */
+function closing(line: string, from: number, quote: string): number {
+  for (let i = from; i < line.length; i++) {
+    if (line[i] === "\\") i++;
+    else if (line[i] === quote) return i;
+  }
+  return -1;
+}

@@ -8,15 +8,10 @@
 import { process } from "../_process.ts";
 import { redact } from "../_redact.ts";
 import { parse, UsageError } from "./_args.ts";
-import {
-  databaseUrl,
-  envValue,
-  postgres,
-  SCHEMA_VARIABLE,
-} from "./_backend.ts";
+import { databaseUrl, postgres, SCHEMA_VARIABLE } from "./_backend.ts";
 import type { Command } from "./_help.ts";
 import type { CliIo } from "./_io.ts";
-import { granted } from "./_permissions.ts";
+import { envValue } from "./_permissions.ts";
 
 /**
  * `db-setup`: the SQL that creates the PostgreSQL backend's table once,
@@ -54,11 +49,9 @@ async function dbSetup(args: string[], io: CliIo): Promise<number> {
       if (u.protocol !== "postgres:" && u.protocol !== "postgresql:") {
         throw new TypeError("not postgres://");
       }
-      const env = (variable: string) =>
-        granted({ name: "env", variable }) ? process.env[variable] : undefined;
       user = u.searchParams.get("user") || decodeURIComponent(u.username) ||
-        env("PGUSER") ||
-        env(process.platform === "win32" ? "USERNAME" : "USER") || "";
+        envValue("PGUSER") ||
+        envValue(process.platform === "win32" ? "USERNAME" : "USER") || "";
     } catch {
       throw new UsageError(
         `${url.from}: needs a postgres://USER@HOST/DATABASE URL`,
