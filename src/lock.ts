@@ -599,8 +599,13 @@ function check(options: AcquireSyncOptions | undefined): Checked {
     const longest = Object.entries(meta).sort((a, b) =>
       b[1].length - a[1].length
     )[0]?.[0];
+    // The budget is the whole record's: runlock's own lines (pid, host,
+    // start, and the child line of `runlock run`) count in it.
+    const own = recordTemplate(identityHere() + child).bytes.length;
     throw new RangeError(
-      `Cannot acquire the lock as the record would be ${size} bytes, over ${MAX_RECORD_BYTES}: shorten meta.${longest}`,
+      `Cannot acquire the lock as the record would be ${size} bytes, over ${MAX_RECORD_BYTES} (runlock's own lines take ${own}): shorten meta.${longest} by ${
+        size - MAX_RECORD_BYTES
+      } bytes`,
     );
   }
   return { timeout, mode, meta, record, checkInterval };

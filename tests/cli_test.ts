@@ -10,6 +10,7 @@ import {
   readFileSync,
   realpathSync,
   renameSync,
+  rmSync,
   statSync,
   unlinkSync,
   writeFileSync,
@@ -941,6 +942,34 @@ describe("runlock run: what the record says, and status shows", () => {
         assert.match(r.stderr, /usage:/);
         assert.equal(r.stdout, "");
       }
+      // The 4 KiB is the whole record's, runlock's own lines (pid, host,
+      // start, the command's pid, the command line) with the meta: the
+      // message says so, and by how many bytes to shorten.
+      const big = cli(
+        "run",
+        `--meta=k=${"v".repeat(4060)}`,
+        path,
+        "--",
+        "touch",
+        marker,
+      );
+      assert.equal(big.code, 2, big.stderr);
+      const over = big.stderr.match(
+        /over 4096 \(runlock's own lines take (\d+)\): shorten meta\.k by (\d+) bytes\n/,
+      );
+      assert.ok(over, big.stderr);
+      assert.ok(Number(over[1]) > 50, `runlock's lines: ${over[1]}`);
+      const fits = cli(
+        "run",
+        `--meta=k=${"v".repeat(4060 - Number(over[2]))}`,
+        path,
+        "--",
+        "touch",
+        marker,
+      );
+      assert.equal(fits.code, 0, `shortened as said: ${fits.stderr}`);
+      rmSync(join(dir, "sub"), { recursive: true });
+      rmSync(marker);
       const twice = cli("run", "--meta=a=1", "--meta=a=2", path, "--", "true");
       assert.equal(twice.code, 2);
       assert.match(twice.stderr, /the key 'a' is given twice/);
