@@ -10,7 +10,7 @@
  * @module
  */
 
-import { fs } from "./_node.ts";
+import { fs, inNodeWorker } from "./_node.ts";
 import { release } from "node:os";
 import { process } from "../_process.ts";
 import {
@@ -40,12 +40,14 @@ const LOCK_UN = 8;
 const ENXIO = 6;
 
 // The *at() path: libc with `at`, or null where node:fs serves. Resolved on
-// the first lock operation.
+// the first lock operation. Not in a Node worker thread: Node closes the
+// descriptors node:fs opened in a worker when it ends (so the kernel drops
+// the flocks of a terminated worker's locks), never those the FFI opened.
 let fast: Libc | null | undefined;
 /** libc with the `*at()` calls, or `null` where `node:fs` must serve. */
 export function ffi(): Libc | null {
   if (fast === undefined) {
-    const l = libc();
+    const l = inNodeWorker() ? null : libc();
     fast = l?.at ? l : null;
   }
   return fast;

@@ -32,7 +32,7 @@
 import { endianness } from "node:os";
 import { process } from "../_process.ts";
 import { LIBC } from "./_libc_node.ts";
-import { load } from "./_node.ts";
+import { inNodeWorker, load } from "./_node.ts";
 
 const IN_ATTRIB = 0x4;
 const IN_CLOSE_WRITE = 0x8;
@@ -207,6 +207,11 @@ function call(due: Set<() => void>): void {
 
 function setUp(): State | null {
   if (process.platform !== "linux" || endianness() !== "LE") return null;
+  // A Node worker thread's wait would keep one of libuv's few pool threads
+  // (4 by default, shared by the whole process) in poll(2): waiters in a
+  // few workers would starve the process's file reads. A worker's waiters
+  // look again on their timer instead; the main thread keeps its one.
+  if (inNodeWorker()) return null;
   try {
     const made = isBun ? bunCalls() : koffiCalls();
     if (made === null) return null;

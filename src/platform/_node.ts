@@ -18,3 +18,14 @@ export const load: NodeJS.Require = createRequire(import.meta.url);
 export const fs: typeof import("node:fs") = load("node:fs");
 /** `node:util`. */
 export const util: typeof import("node:util") = load("node:util");
+
+/**
+ * Whether this code runs in a Node worker thread (`worker_threads`), not
+ * the main thread. Under Bun, always false: Bun's Workers close neither
+ * kind of descriptor when they end, and wait without libuv's pool.
+ */
+export function inNodeWorker(): boolean {
+  return typeof (globalThis as { Bun?: unknown }).Bun === "undefined" &&
+    !(load("node:worker_threads") as typeof import("node:worker_threads"))
+      .isMainThread;
+}

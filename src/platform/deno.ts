@@ -155,10 +155,13 @@ function need(name: "read" | "write", dir: string, syscall: string): void {
 // Deno closes a Worker's own files when it ends (terminate() included),
 // and so drops their flocks; a descriptor opened through the FFI stays
 // open for the life of the process, holding its lock. In a Worker, Deno's
-// ops serve.
+// ops serve. A node:worker_threads worker is a Deno Worker too, whose
+// global scope hides the WorkerGlobalScope name but not its class.
 const IN_WORKER =
   typeof (globalThis as { WorkerGlobalScope?: unknown }).WorkerGlobalScope !==
-    "undefined";
+    "undefined" ||
+  Object.getPrototypeOf(globalThis)?.constructor?.name ===
+    "DedicatedWorkerGlobalScope";
 
 // libc's *at() calls (`_at_deno.ts`), or null where Deno's ops serve:
 // only with every permission granted, on Linux x86-64 and arm64, outside
