@@ -342,8 +342,9 @@ const fdinfoDecoder = new TextDecoder();
  * `/proc/<child>/fdinfo`. Then a held flock under a dead runlock is that
  * command's, not a takeover in progress. A PID that lives but holds no
  * such lock (reused, or a command that closed fd 9 while what it started
- * keeps it) is not named. False when it cannot be told (no /proc, or no
- * permission to read it).
+ * keeps it) is not named. Where its descriptors may not be read (another
+ * user's command, or Deno without --allow-all, which guards /proc), a
+ * live command is taken at its record's word. False without /proc.
  */
 export function childHolds(child: number, ino: number): boolean {
   if (liveness(child) !== "alive" || child === p.pid) return false;
@@ -351,19 +352,21 @@ export function childHolds(child: number, ino: number): boolean {
   let names: string[];
   try {
     names = p.readDir(dir);
-  } catch {
-    return false;
+  } catch (err) {
+    return !(err instanceof SysError && err.code === "ENOENT");
   }
   // The device in these lines is the superblock's, which can differ from
   // stat's: the inode alone is matched, with the lock's kind.
   const lock = new RegExp(
     `FLOCK +ADVISORY +WRITE +[0-9]+ +[0-9a-f]+:[0-9a-f]+:${ino} `,
   );
+  let unread = false;
   for (const name of names) {
     let h: Handle | "ENOENT";
     try {
       h = p.openExisting(`${dir}/${name}`);
     } catch {
+      unread = true;
       continue;
     }
     if (h === "ENOENT") continue;
@@ -377,7 +380,7 @@ export function childHolds(child: number, ino: number): boolean {
       h.close();
     }
   }
-  return false;
+  return unread;
 }
 
 /**

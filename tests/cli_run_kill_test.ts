@@ -20,7 +20,7 @@ import { join } from "node:path";
 import process from "node:process";
 import { describe, test } from "node:test";
 import { type Change, watch } from "../mod.ts";
-import { Background, cli, cliRuntime, start } from "./_cli.ts";
+import { Background, cli, cliRuntime, type Result, start } from "./_cli.ts";
 import { tempDir, waitFor } from "./_helpers.ts";
 
 declare const Deno: { execPath(): string } | undefined;
@@ -84,13 +84,14 @@ function watching(dir: string) {
  * by `begin`, SIGKILLed once the command runs; then what a second run,
  * status and a watch of the directory say while the command lives, and
  * what a run and the watch say once the test has ended the command
- * through its FIFO.
+ * through its FIFO. `reader` runs the second run, status and ls.
  */
 async function killedRunner(
   begin: (lock: string, command: string[]) => {
     ready: Promise<number>;
     kill(): Promise<void>;
   },
+  reader: (...args: string[]) => Result = cli,
 ): Promise<void> {
   const { dir, cleanup } = tempDir();
   // The FIFO stays out of the watched directory: Deno's directory watch
@@ -123,7 +124,7 @@ async function killedRunner(
     const runlockPid = JSON.parse(record.stdout).pid;
     assert.equal(JSON.parse(record.stdout).child, command, record.stdout);
     await runner.kill();
-    const second = cli("run", lock, "--", "true");
+    const second = reader("run", lock, "--", "true");
     assert.equal(
       second.code,
       75,
@@ -136,7 +137,7 @@ async function killedRunner(
         `another run is active as pid ${command}, the command of runlock pid ${runlockPid} \\(gone\\)`,
       ),
     );
-    const status = cli("status", lock);
+    const status = reader("status", lock);
     assert.equal(status.code, 0, JSON.stringify(status));
     assert.match(
       status.stdout,
@@ -144,14 +145,14 @@ async function killedRunner(
         `^held by pid ${command} on .* \\(the command of runlock pid ${runlockPid}, which is gone\\)`,
       ),
     );
-    const json = JSON.parse(cli("status", "--json", lock).stdout);
+    const json = JSON.parse(reader("status", "--json", lock).stdout);
     assert.deepEqual([json.state, json.pid, json.child], [
       "held",
       runlockPid,
       command,
     ]);
     // ls names the live command in its pid column.
-    const ls = cli("ls", locks);
+    const ls = reader("ls", locks);
     assert.match(ls.stdout, new RegExp(`^held +${command} `, "m"), ls.stdout);
     const before = watcher.changes.length;
     await end();
@@ -192,7 +193,7 @@ describe("runlock run SIGKILLed while its command runs", {
   });
 
   test(
-    "under Deno with the install line's permissions (no FFI), the command keeps the lock the same way",
+    "under Deno with the install line's permissions (no FFI), for the run and its readers, the command keeps the lock and is named the same way",
     {
       skip: cliRuntime !== "deno" || process.env.RUNLOCK_CLI !== undefined,
     },
@@ -221,6 +222,12 @@ describe("runlock run SIGKILLed while its command runs", {
             await died;
           },
         };
+      }, (...args) => {
+        // The readers with the install line's permissions too: Deno lets
+        // them read no /proc/<pid>/fdinfo.
+        const [deno, ...argv] = noFfiCli();
+        const r = spawnSync(deno, [...argv, ...args], { encoding: "utf8" });
+        return { code: r.status, stdout: r.stdout, stderr: r.stderr };
       });
     },
   );
