@@ -485,6 +485,40 @@ export class Terminal {
   }
 }
 
+/**
+ * Runs the CLI to completion with its stderr on a real terminal of 80
+ * columns (stdout to /dev/null), `env` added to its environment: what a
+ * person at a terminal reads of its messages once it has exited, with
+ * "\n" line ends.
+ */
+export async function atTerminal(
+  env: Record<string, string>,
+  ...args: string[]
+): Promise<Result> {
+  const t = new Terminal(
+    ["sh", "-c", 'exec "$@" >/dev/null', "sh", cmd, ...pre, ...args],
+    env,
+  );
+  try {
+    const status = await t.exit();
+    // The terminal's output may still be on its way after the exit: it is
+    // whole once the terminal closes.
+    await t.close();
+    // Each line as the terminal shows it once done: what follows its last
+    // carriage return (the "waiting" line redrawn and erased before it).
+    const shown = t.output.split("\r\n").map((line) =>
+      line.slice(line.lastIndexOf("\r") + 1).replaceAll("\x1b[K", "")
+    );
+    return {
+      code: status.startsWith("exit ") ? Number(status.slice(5)) : null,
+      stdout: "",
+      stderr: shown.join("\n"),
+    };
+  } finally {
+    await t.close();
+  }
+}
+
 /** A process's state letter from ps(1): "T" when stopped. */
 export function processState(pid: number): string {
   const r = spawnSync("ps", ["-o", "stat=", "-p", String(pid)], {

@@ -63,12 +63,6 @@ export function fixtureCommand(
   return [process.execPath, [script, ...args]];
 }
 
-// The columns the CLI breaks its messages at, set in this process's
-// environment for every CLI the tests start: so wide that a message
-// arrives on one line, as the tests of what it says compare it. The tests
-// of how messages fit a terminal (cli_errors_test) start it at 80.
-process.env.COLUMNS = "10000";
-
 /**
  * The command line of the `runlock` CLI for the runtime under test: the
  * source under Deno, the installed package's `bin` under Node and Bun.

@@ -7,15 +7,15 @@ import assert from "node:assert/strict";
 import { chmodSync, mkdirSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { describe, test } from "node:test";
-import { cli, cliIn, type Result, start } from "./_cli.ts";
+import { atTerminal, cli, type Result, start } from "./_cli.ts";
 import { tempDir } from "./_helpers.ts";
 
 /** Every command, as `runlock --help` lists them. */
 const COMMANDS = ["status", "run", "wait", "ls", "db-setup"];
 
-/** Runs the CLI as on an 80-column terminal (COLUMNS unset: its default). */
-function cli80(...args: string[]): Result {
-  return cliIn({ COLUMNS: "80" }, ...args);
+/** Runs the CLI with its stderr on a terminal, at its default 80 columns. */
+function cli80(...args: string[]): Promise<Result> {
+  return atTerminal({ COLUMNS: "" }, ...args);
 }
 
 /** `text` with the lines a break made joined back to the line they continue. */
@@ -53,6 +53,22 @@ describe("runlock ls: a directory that is not there, or empty", () => {
     }
   });
 
+  test("ls of a file whose name has a tab quotes the name alone, not runlock's words", () => {
+    const { dir, cleanup } = tempDir();
+    try {
+      const file = join(dir, "a\tb");
+      writeFileSync(file, "");
+      const r = cli("ls", file);
+      assert.equal(r.code, 2);
+      assert.equal(
+        r.stderr,
+        `runlock: ls: $'${dir}/a\\tb' is not a directory\n`,
+      );
+    } finally {
+      cleanup();
+    }
+  });
+
   test("ls of an empty directory says 'no locks in DIR' on stderr, prints nothing on stdout, exit 0; --json prints []", () => {
     const { dir, cleanup } = tempDir();
     try {
@@ -78,7 +94,7 @@ describe("runlock ls: a directory that is not there, or empty", () => {
 });
 
 describe("runlock: usage errors", () => {
-  test("a mistyped command suggests the nearest command, exit 2; a word near none gets no guess", () => {
+  test("a mistyped command suggests the nearest command, exit 2; a word near none gets no guess", async () => {
     const cases: [string, string][] = [
       ["stauts", "status"],
       ["rn", "run"],
@@ -94,7 +110,7 @@ describe("runlock: usage errors", () => {
         r.stderr.split("\n")[0],
         `runlock: unknown command '${typed}'; did you mean '${meant}'?`,
       );
-      fits80(cli80(typed, "x"), typed);
+      fits80(await cli80(typed, "x"), typed);
     }
     const far = cli("frobnicate", "x");
     assert.equal(far.code, 2);
@@ -107,7 +123,7 @@ describe("runlock: usage errors", () => {
     assert.match(help.stderr, /did you mean 'status'\?/);
   });
 
-  test("a usage error in a command prints that command's usage, not every command's", () => {
+  test("a usage error in a command prints that command's usage, not every command's", async () => {
     const cases: [string[], string][] = [
       [["run", "--wait=x", "L", "--", "true"], "run"],
       [["status", "--jsn", "x"], "status"],
@@ -126,11 +142,11 @@ describe("runlock: usage errors", () => {
       );
       assert.deepEqual([...commands], [name], `${what}: ${r.stderr}`);
       assert.match(usage, new RegExp(`runlock ${name} --help`), what);
-      fits80(cli80(...args), what);
+      fits80(await cli80(...args), what);
     }
   });
 
-  test("run -- CMD, without a path, says the path is missing, exit 2", () => {
+  test("run -- CMD, without a path, says the path is missing, exit 2", async () => {
     for (
       const args of [
         ["run", "--", "true"],
@@ -147,11 +163,11 @@ describe("runlock: usage errors", () => {
         /^runlock: run: missing <path> before '--': runlock run <path> -- /,
         what,
       );
-      fits80(cli80(...args), what);
+      fits80(await cli80(...args), what);
     }
   });
 
-  test("--db that is not a postgres:// URL is explained for a person, without the API's words or the password", () => {
+  test("--db that is not a postgres:// URL is explained for a person, without the API's words or the password", async () => {
     for (
       const db of [
         "notaurl",
@@ -178,12 +194,12 @@ describe("runlock: usage errors", () => {
         );
         assert.doesNotMatch(r.stderr, /pgLocks|'url'/, what);
         assert.doesNotMatch(r.stderr, /hunter2/, `${what}: the password`);
-        fits80(cli80(...args), what);
+        fits80(await cli80(...args), what);
       }
     }
   });
 
-  test("--db that starts as a postgres:// URL but does not parse (a port that is no number, an unclosed IPv6 bracket) says what to check, not that it must be a postgres:// URL, and never the password", () => {
+  test("--db that starts as a postgres:// URL but does not parse (a port that is no number, an unclosed IPv6 bracket) says what to check, not that it must be a postgres:// URL, and never the password", async () => {
     for (
       const db of [
         "postgres://app:hunter2-secret@db:notaport/app",
@@ -200,7 +216,7 @@ describe("runlock: usage errors", () => {
         db,
       );
       assert.doesNotMatch(r.stderr, /hunter2/, `${db}: the password`);
-      fits80(cli80("status", `--db=${db}`, "k"), db);
+      fits80(await cli80("status", `--db=${db}`, "k"), db);
     }
   });
 });
@@ -257,16 +273,16 @@ describe("runlock --help: 80 columns", () => {
       const r = cli(...args);
       assert.equal(r.code, 0, args.join(" "));
       assert.ok(r.stdout.length > 0, args.join(" "));
-      fits80(cli80(...args), args.join(" "));
+      fits80(cli(...args), args.join(" "));
     }
   });
 
-  test("a usage error's message and the usage it prints fit 80 columns", () => {
+  test("a usage error's message and the usage it prints fit 80 columns", async () => {
     for (const args of [["nosuch"], ...COMMANDS.map((c) => [c, "--nosuch"])]) {
       const r = cli(...args);
       assert.equal(r.code, 2, args.join(" "));
       assert.match(r.stderr, /\nusage:\n/, args.join(" "));
-      fits80(cli80(...args), args.join(" "));
+      fits80(await cli80(...args), args.join(" "));
     }
   });
 });
@@ -300,7 +316,7 @@ describe("runlock: a message wider than the terminal", () => {
           message.split("\n").some((l) => [...l].length > 80),
           `${what}: a message wider than 80 columns to break: ${message}`,
         );
-        const narrow = cli80(...args);
+        const narrow = await cli80(...args);
         assert.equal(narrow.code, wide.code, what);
         fits80(narrow, what);
         assert.equal(
@@ -309,7 +325,13 @@ describe("runlock: a message wider than the terminal", () => {
           what,
         );
       }
-      const forty = cliIn({ COLUMNS: "40" }, "run", path, "--", "true");
+      const forty = await atTerminal(
+        { COLUMNS: "40" },
+        "run",
+        path,
+        "--",
+        "true",
+      );
       const lines = forty.stderr.trimEnd().split("\n");
       assert.ok(lines.length > 2, `COLUMNS=40 breaks more: ${forty.stderr}`);
       assert.ok(
@@ -318,7 +340,7 @@ describe("runlock: a message wider than the terminal", () => {
       );
       assert.equal(
         joined(forty.stderr),
-        joined(cli80("run", path, "--", "true").stderr),
+        joined((await cli80("run", path, "--", "true")).stderr),
       );
     } finally {
       // runlock forwards SIGTERM to the command's group.
@@ -328,11 +350,11 @@ describe("runlock: a message wider than the terminal", () => {
     }
   });
 
-  test("never breaks inside a quoted command name, and a word wider than the line goes whole on a line of its own", () => {
+  test("never breaks inside a quoted command name, and a word wider than the line goes whole on a line of its own", async () => {
     const { dir, cleanup } = tempDir();
     try {
       const tool = `no such tool ${"x".repeat(30)} with spaces`;
-      const r = cli80("run", join(dir, "run.lock"), "--", tool);
+      const r = await cli80("run", join(dir, "run.lock"), "--", tool);
       assert.equal(r.code, 127);
       fits80(r, tool);
       assert.ok(
@@ -344,7 +366,7 @@ describe("runlock: a message wider than the terminal", () => {
         `runlock: cannot run '${tool}': command not found\n`,
       );
       const long = `/${"y".repeat(90)}`;
-      const w = cli80("run", join(dir, "run.lock"), "--", long);
+      const w = await cli80("run", join(dir, "run.lock"), "--", long);
       assert.equal(w.code, 127);
       assert.deepEqual(w.stderr.split("\n"), [
         "runlock: cannot run",

@@ -15,6 +15,7 @@ import { join } from "node:path";
 import process from "node:process";
 import { after, before, describe, test } from "node:test";
 import {
+  atTerminal,
   type Background,
   cli,
   cliCommand,
@@ -282,7 +283,7 @@ describe("runlock --db: the schema of db-setup, and the SQL a role needs", {
     }
   });
 
-  test("a role that may not create runlock's table in public is told in plain lines the SQL to run once, only the lock name quoted for the terminal; pasted into psql by the owner as printed, it lets the role take the lock", () => {
+  test("a role that may not create runlock's table in public is told in plain lines the SQL to run once, only the lock name quoted for the terminal; pasted into psql by the owner as printed, it lets the role take the lock", async () => {
     const app = role("nocreate");
     const db = database("fresh");
     const url = `--db=${as(app, db)}`;
@@ -318,10 +319,10 @@ describe("runlock --db: the schema of db-setup, and the SQL a role needs", {
       lines.includes(`  GRANT CREATE ON SCHEMA "public" TO "${app}";`),
       r.stderr,
     );
-    assert.ok(lines.includes("(runlock db-setup --db=URL prints the same):"));
+    assert.ok(lines.includes("  runlock db-setup --db=URL"), r.stderr);
 
     // The DDL as printed, pasted into psql by the owner (here the superuser).
-    const ddl = sqlAfter(r.stderr, "prints the same):");
+    const ddl = sqlAfter(r.stderr, "also prints:");
     assert.match(
       ddl,
       /^ {2}CREATE TABLE IF NOT EXISTS "public"\.runlock_locks \($/m,
@@ -348,15 +349,24 @@ describe("runlock --db: the schema of db-setup, and the SQL a role needs", {
       assert.ok(at >= 0, `docs/cli.md's line ${JSON.stringify(line)}`);
       from = at + 1;
     }
-    // As a terminal of 80 columns shows it, a long line broken at spaces
-    // (never inside a quoted name): pasted as shown, it is the same SQL.
-    const narrow = cliEnv({ COLUMNS: "80" }, "run", url, name, "--", "true");
+    // As a terminal of 80 columns shows it: the explanation broken to fit,
+    // the SQL lines (indented) never broken, so pasted as shown they are
+    // the same SQL.
+    const narrow = await atTerminal(
+      { COLUMNS: "" },
+      "run",
+      url,
+      name,
+      "--",
+      "true",
+    );
     assert.equal(narrow.code, 2, narrow.stderr);
     for (const line of narrow.stderr.split("\n")) {
+      if (line.startsWith("  ")) continue;
       assert.ok([...line].length <= 80, `fits 80 columns: ${line}`);
     }
-    const shownDdl = sqlAfter(narrow.stderr, "prints the same):");
-    assert.equal(shownDdl.replace(/\s+/g, " "), ddl.replace(/\s+/g, " "));
+    const shownDdl = sqlAfter(narrow.stderr, "also prints:");
+    assert.equal(shownDdl, ddl);
     psql(owner(db), shownDdl);
     const ok = cli("run", url, name, "--", "echo", "ran");
     assert.equal(ok.code, 0, ok.stderr);
@@ -383,7 +393,7 @@ describe("runlock --db: the schema of db-setup, and the SQL a role needs", {
     assert.ok(!r.stderr.includes("$'"), r.stderr);
     assert.ok(
       r.stderr.split("\n").includes(
-        `(runlock db-setup --db=URL --schema=${schema} prints the same):`,
+        `  runlock db-setup --db=URL --schema=${schema}`,
       ),
       r.stderr,
     );

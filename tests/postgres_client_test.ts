@@ -95,7 +95,7 @@ test("without the pg module, acquire names the missing client and how to get it,
     out.message,
     runtime === "deno"
       ? /Deno downloads npm:pg@8\.23\.1 from the npm registry on first use$/
-      : /install it: npm install pg \(or bun add pg\)$/,
+      : /install it with `npm install pg` \(or `bun add pg`\)$/,
   );
   assert.doesNotMatch(out.message, /cannot connect/);
 });

@@ -58,12 +58,16 @@ let drawn = 0;
 
 /**
  * stdout and stderr, with the waiting line when stderr is a terminal.
- * Messages are broken at spaces to fit 80 columns (or COLUMNS); answers
- * on stdout are printed as they are.
+ * On a terminal, messages are broken at spaces to fit 80 columns (or
+ * COLUMNS); elsewhere (a log, a pipe) each stays on its line, whole, for
+ * grep. Answers on stdout are printed as they are.
  */
 export const stdio: CliIo = {
   out: (text) => process.stdout.write(text + "\n"),
-  err: (text) => process.stderr.write(wrap(text, columns()) + "\n"),
+  err: (text) =>
+    process.stderr.write(
+      (process.stderr.isTTY ? wrap(text, columns()) : text) + "\n",
+    ),
   ...(process.stderr.isTTY ? { status: drawLine } : {}),
 };
 

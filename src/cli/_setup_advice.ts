@@ -62,10 +62,9 @@ export function setupAdvice(err: unknown, name: string): unknown {
     sql(a.grant),
     "",
     `or create it once yourself, as ${a.owner},`,
-    `and give the role only what it needs to take locks`,
-    `(runlock db-setup --db=URL${
-      printable(a.schemaArgument)
-    } prints the same):`,
+    `and give the role only what it needs to take locks, as`,
+    `  runlock db-setup --db=URL${printable(a.schemaArgument)}`,
+    `also prints:`,
     "",
     ...a.sql.map(sql),
   ], { cause: err });

@@ -172,13 +172,14 @@ export function cutStart(text: string, max: number): string {
 
 /**
  * `text` broken into lines of at most `max` columns where it has spaces,
- * as runlock's messages are printed on stderr. Each line of `text` is
+ * as runlock's messages are printed on a terminal. Each line of `text` is
  * broken on its own; the lines a break makes start with that line's own
- * indent and two spaces more, so they read as its continuation. A quoted
- * span (`'…'`, `"…"` or `$'…'` begun at the start of a word: a path, a
- * command, an SQL identifier) is never broken, and a word wider than
- * `max` goes whole on a line of its own: copied from the terminal, each
- * still reads as it was written.
+ * indent and two spaces more, so they read as its continuation. What is
+ * meant to be copied is never broken: a line indented by two spaces or
+ * more (a command, SQL), and a quoted span (`'…'`, `"…"`, or a command in
+ * backquotes; SQL's `""` and a backslash escape close nothing, a `'` after
+ * a letter opens nothing, one before a letter closes nothing: "it's",
+ * "users'"). A word wider than `max` goes whole on a line of its own.
  *
  * @param text A printable text, lines separated by "\n".
  * @param max The columns a line may take.
@@ -192,7 +193,7 @@ export function cutStart(text: string, max: number): string {
  *   wrap("runlock: cannot run 'my tool': not found", 24),
  *   "runlock: cannot run\n  'my tool': not found",
  * );
- * assert.equal(wrap("short", 30), "short");
+ * assert.equal(wrap("  SELECT 1 FROM a_long_table_name", 10), "  SELECT 1 FROM a_long_table_name");
  * ```
  */
 export function wrap(text: string, max: number): string {
@@ -201,8 +202,8 @@ export function wrap(text: string, max: number): string {
 
 /** One line of {@linkcode wrap}. */
 function wrapLine(line: string, max: number): string {
-  if (width(line) <= max) return line;
-  const indent = /^ */.exec(line)![0];
+  if (width(line) <= max || line.startsWith("  ")) return line;
+  const indent = line.startsWith(" ") ? " " : "";
   const more = indent + "  ";
   const lines: string[] = [];
   let current = indent;
@@ -222,39 +223,47 @@ function wrapLine(line: string, max: number): string {
   return lines.join("\n");
 }
 
+/** Whether `c` is a letter or a digit (of any script). */
+const isWordChar = (c: string | undefined) =>
+  c !== undefined && /[\p{L}\p{N}]/u.test(c);
+
 /**
- * The words of `line`, split at single spaces, a quoted span begun at the
- * start of a word kept in its word. A quote never closed quotes nothing.
+ * The words of `line`, split at the spaces outside quoted spans (see
+ * {@linkcode wrap}). A quote never closed quotes nothing.
  */
 function words(line: string): string[] {
   const out: string[] = [];
   let start = 0;
   let i = 0;
-  while (i <= line.length) {
-    if (i === line.length || line[i] === " ") {
+  while (i < line.length) {
+    const c = line[i];
+    if (c === " ") {
       out.push(line.slice(start, i));
       start = ++i;
-      continue;
+    } else if (c === "\\") {
+      i += 2;
+    } else if (
+      (c === "'" && !isWordChar(line[i - 1])) || c === '"' || c === "`"
+    ) {
+      const end = closing(line, i + 1, c);
+      i = end === -1 ? i + 1 : end + 1;
+    } else {
+      i++;
     }
-    const atWord = i === start || (i === start + 1 && line[start] === "$");
-    const quote = line[i];
-    if (atWord && (quote === "'" || quote === '"')) {
-      const end = closing(line, i + 1, quote);
-      if (end !== -1) {
-        i = end + 1;
-        continue;
-      }
-    }
-    i++;
   }
+  out.push(line.slice(start));
   return out;
 }
 
 /** Where the quote `quote` opened before `from` closes, or -1. */
 function closing(line: string, from: number, quote: string): number {
   for (let i = from; i < line.length; i++) {
-    if (line[i] === "\\") i++;
-    else if (line[i] === quote) return i;
+    const c = line[i];
+    if (quote === '"' && c === "\\") i++;
+    else if (c !== quote) continue;
+    else if (quote === '"' && line[i + 1] === '"') i++;
+    else if (quote === "'" && isWordChar(line[i + 1])) continue;
+    else return i;
   }
   return -1;
 }

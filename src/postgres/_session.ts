@@ -81,7 +81,7 @@ export class ClientMissing extends Error {
     // npm: specifiers to bare names.
     const how = "Deno" in globalThis
       ? `Deno downloads npm:${"pg@8.23.1"} from the npm registry on first use`
-      : "install it: npm install pg (or bun add pg)";
+      : "install it with `npm install pg` (or `bun add pg`)";
     super(
       `runlock's PostgreSQL backend needs the client node-postgres ("pg", 8.x), ` +
         `which could not be loaded (${String(why).split("\n")[0]}); ${how}`,
