@@ -596,16 +596,20 @@ function check(options: AcquireSyncOptions | undefined): Checked {
   const record = recordTemplate(identityHere() + child + metaLines(meta));
   const size = record.bytes.length;
   if (size > MAX_RECORD_BYTES) {
-    const longest = Object.entries(meta).sort((a, b) =>
-      b[1].length - a[1].length
-    )[0]?.[0];
+    const bytes = (text: string) => encoder.encode(text).length;
+    const [longest, value] = Object.entries(meta).sort((a, b) =>
+      bytes(b[1]) - bytes(a[1])
+    )[0] ?? ["", ""];
     // The budget is the whole record's: runlock's own lines (pid, host,
     // start, and the child line of `runlock run`) count in it.
     const own = recordTemplate(identityHere() + child).bytes.length;
+    const over = size - MAX_RECORD_BYTES;
     throw new RangeError(
-      `Cannot acquire the lock as the record would be ${size} bytes, over ${MAX_RECORD_BYTES} (runlock's own lines take ${own}): shorten meta.${longest} by ${
-        size - MAX_RECORD_BYTES
-      } bytes`,
+      `Cannot acquire the lock as the record would be ${size} bytes, over ${MAX_RECORD_BYTES} (runlock's own lines take ${own}): ${
+        over <= bytes(value)
+          ? `shorten meta.${longest} by ${over} bytes`
+          : `shorten the meta by ${over} bytes (meta.${longest} is the longest)`
+      }`,
     );
   }
   return { timeout, mode, meta, record, checkInterval };

@@ -968,6 +968,33 @@ describe("runlock run: what the record says, and status shows", () => {
         marker,
       );
       assert.equal(fits.code, 0, `shortened as said: ${fits.stderr}`);
+      // Counted in bytes: 1,400 CJK characters are 4,200 bytes of UTF-8,
+      // more than 1,500 ASCII ones.
+      const wide = cli(
+        "run",
+        `--meta=a=${"x".repeat(1500)}`,
+        `--meta=b=${"日".repeat(1400)}`,
+        path,
+        "--",
+        "touch",
+        marker,
+      );
+      assert.match(wide.stderr, /: shorten meta\.b by \d+ bytes\n/);
+      const spread = cli(
+        "run",
+        ...Array.from(
+          { length: 40 },
+          (_, k) => `--meta=k${k}=${"x".repeat(110)}`,
+        ),
+        path,
+        "--",
+        "touch",
+        marker,
+      );
+      assert.match(
+        spread.stderr,
+        /: shorten the meta by \d+ bytes \(meta\.k\d+ is the longest\)\n/,
+      );
       rmSync(join(dir, "sub"), { recursive: true });
       rmSync(marker);
       const twice = cli("run", "--meta=a=1", "--meta=a=2", path, "--", "true");

@@ -167,12 +167,14 @@ async function ls(args: string[], io: CliIo): Promise<number> {
   if (req.url === undefined) {
     const kind = kindOf(req.where);
     if (kind === "other") {
-      throw new Error(`ls: ${req.where} is not a directory`);
+      throw new Error(`ls: ${printable(req.where)} is not a directory`);
     }
     if (req.watch) {
       // watch() needs the directory: it watches it, and ends when it goes.
       if (kind === "missing") {
-        throw new Error(`ls: ${req.where} does not exist: nothing to watch`);
+        throw new Error(
+          `ls: ${printable(req.where)} does not exist: nothing to watch`,
+        );
       }
       return await live(req, io);
     }
