@@ -8,6 +8,7 @@
  */
 
 import { spawnSync } from "node:child_process";
+import { readFileSync } from "node:fs";
 import { process } from "../_process.ts";
 import {
   DESCRIPTOR,
@@ -31,6 +32,39 @@ export function lockDescriptor(lock: object): number | undefined {
   const d = method.call(lock);
   if (d === undefined) return undefined;
   return d.fd ?? findDescriptor(d);
+}
+
+/** O_CLOEXEC, as /proc/<pid>/fdinfo's octal `flags:` line shows it. */
+const O_CLOEXEC = 0o2000000;
+
+/**
+ * The descriptor number to hand the lock on at: `wanted` (9, as flock(1)
+ * users expect), unless runlock was itself given a descriptor there that
+ * its command inherits too (a run inside a run: the outer lock is at 9),
+ * then the first number above it that runlock was not given. Where this
+ * process's /proc/<pid>/fdinfo cannot be read (no /proc; Deno without
+ * --allow-all), `wanted`.
+ *
+ * @param wanted The number to hand the lock on at if it is free.
+ * @returns A number the command would otherwise not have open.
+ */
+export function freeNumber(wanted: number): number {
+  for (let n = wanted; n < wanted + 64; n++) {
+    if (!inherited(n)) return n;
+  }
+  return wanted;
+}
+
+/** Whether descriptor `n` of this process stays open across exec. */
+function inherited(n: number): boolean {
+  let text: string;
+  try {
+    text = readFileSync(`/proc/${process.pid}/fdinfo/${n}`, "utf8");
+  } catch {
+    return false;
+  }
+  const flags = /^flags:\s+([0-7]+)$/m.exec(text);
+  return flags !== null && (parseInt(flags[1], 8) & O_CLOEXEC) === 0;
 }
 
 /**

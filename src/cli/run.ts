@@ -18,7 +18,7 @@ import {
   type HeldLock,
 } from "./_backend.ts";
 import { clip, printable, printableErrors } from "./_format.ts";
-import { lockDescriptor, nameChild } from "./_hand_on.ts";
+import { freeNumber, lockDescriptor, nameChild } from "./_hand_on.ts";
 import type { Command } from "./_help.ts";
 import { type CliIo, Progress } from "./_io.ts";
 import {
@@ -29,21 +29,24 @@ import {
   STOPS,
 } from "./_signals.ts";
 
-/** The descriptor number the command gets the lock's descriptor at. */
+/**
+ * The descriptor number the command gets the lock's descriptor at, unless
+ * runlock was given one there itself (see freeNumber).
+ */
 const HANDED_FD = 9;
 
 /**
- * The command's descriptors: runlock's stdio, nothing at 3 to 8 (a
+ * The command's descriptors: runlock's stdio, nothing below `at` (a
  * descriptor runlock itself inherited there is left alone where the
- * runtime passes them on), and the lock's at HANDED_FD.
+ * runtime passes them on), and the lock's at `at`.
  */
-function handedOn(fd: number): ("inherit" | "ignore" | number)[] {
+function handedOn(fd: number, at: number): ("inherit" | "ignore" | number)[] {
   const stdio: ("inherit" | "ignore" | number)[] = [
     "inherit",
     "inherit",
     "inherit",
   ];
-  while (stdio.length < HANDED_FD) stdio.push("ignore");
+  while (stdio.length < at) stdio.push("ignore");
   stdio.push(fd);
   return stdio;
 }
@@ -256,7 +259,9 @@ async function run(args: string[], io: CliIo): Promise<number> {
       // handed on.
       const fd = lockDescriptor(lock);
       const started = spawn(command[0], command.slice(1), {
-        stdio: fd === undefined ? "inherit" : handedOn(fd),
+        stdio: fd === undefined
+          ? "inherit"
+          : handedOn(fd, freeNumber(HANDED_FD)),
         detached: true,
       });
       child = started;
