@@ -265,6 +265,19 @@ describe("runlock run: a command that cannot be started", () => {
       cleanup();
     }
   });
+
+  test("an executable script without #! is run by sh, as a shell (and execvp) runs it, on every runtime: its output and exit code come through", () => {
+    const { dir, cleanup } = tempDir();
+    try {
+      const script = join(dir, "noshebang.sh");
+      writeFileSync(script, "echo ran by sh\nexit 7\n");
+      chmodSync(script, 0o755);
+      const r = cli("run", join(dir, "run.lock"), "--", script);
+      assert.deepEqual(r, { code: 7, stdout: "ran by sh\n", stderr: "" });
+    } finally {
+      cleanup();
+    }
+  });
 });
 
 describe("runlock --help: 80 columns", () => {

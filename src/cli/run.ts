@@ -258,12 +258,30 @@ async function run(args: string[], io: CliIo): Promise<number> {
       // A PostgreSQL lock is runlock's database session, which cannot be
       // handed on.
       const fd = lockDescriptor(lock);
-      const started = spawn(command[0], command.slice(1), {
+      const options = {
         stdio: fd === undefined
-          ? "inherit"
+          ? "inherit" as const
           : handedOn(fd, freeNumber(HANDED_FD)),
         detached: true,
-      });
+      };
+      let started: ChildProcess;
+      try {
+        started = spawn(command[0], command.slice(1), options);
+      } catch (err) {
+        // Bun throws what Node and Deno report as an "error" event, and a
+        // file the kernel cannot execute (ENOEXEC: a script without #!)
+        // is not run by sh there, as execvp(3) runs it for them.
+        const error = err as Error & { code?: string };
+        if (error.code !== "ENOEXEC") {
+          io.err(
+            `runlock: cannot run '${printable(command[0])}': ${
+              whyNotStarted(command[0], error)
+            }`,
+          );
+          return error.code === "ENOENT" ? 127 : 126;
+        }
+        started = spawn("/bin/sh", command, options);
+      }
       child = started;
       if (started.pid !== undefined && fd !== undefined) {
         const why = nameChild(lock, started.pid);
