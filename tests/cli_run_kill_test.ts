@@ -241,6 +241,34 @@ describe("runlock run SIGKILLed while its command runs", {
   );
 });
 
+describe("runlock run that cannot hand its lock on", () => {
+  test(
+    "under Deno without FFI and without sh (which reads the descriptor's number from /proc), run says the lock lasts only as long as itself, and the command still runs",
+    {
+      skip: cliRuntime !== "deno" || process.env.RUNLOCK_CLI !== undefined,
+    },
+    () => {
+      const { dir, cleanup } = tempDir();
+      try {
+        const [deno, ...argv] = noFfiCli();
+        const r = spawnSync(
+          deno,
+          [...argv, "run", join(dir, "run.lock"), "--", "/bin/echo", "ran"],
+          { encoding: "utf8", env: { ...process.env, PATH: dir } },
+        );
+        assert.equal(r.status, 0, r.stderr);
+        assert.equal(r.stdout, "ran\n");
+        assert.match(
+          r.stderr,
+          /^runlock: cannot hand the lock's descriptor to the command .*: the lock lasts only as long as runlock itself\n$/,
+        );
+      } finally {
+        cleanup();
+      }
+    },
+  );
+});
+
 describe(
   "runlock run whose command leaves a process with the lock's descriptor",
   {

@@ -18,20 +18,21 @@ import {
 } from "../_inherit.ts";
 
 /**
- * The descriptor number that holds `lock`'s flock in this process, or
+ * The descriptor number that holds `lock`'s flock in this process;
  * undefined when there is none to hand on (a PostgreSQL lock, whose
- * session cannot be handed on; a runtime or platform where it cannot be
- * found).
+ * session cannot be handed on); null when there is one but its number
+ * cannot be found (Deno without FFI, where the helper that reads /proc
+ * cannot run: no `sh`, no /proc).
  *
  * @param lock A held lock of either backend.
- * @returns The descriptor number, or undefined.
+ * @returns The descriptor number, undefined, or null.
  */
-export function lockDescriptor(lock: object): number | undefined {
+export function lockDescriptor(lock: object): number | null | undefined {
   const method = (lock as Partial<Inheritable>)[DESCRIPTOR];
   if (typeof method !== "function") return undefined;
   const d = method.call(lock);
-  if (d === undefined) return undefined;
-  return d.fd ?? findDescriptor(d);
+  if (d === undefined) return null;
+  return d.fd ?? findDescriptor(d) ?? null;
 }
 
 /** O_CLOEXEC, as /proc/<pid>/fdinfo's octal `flags:` line shows it. */

@@ -258,8 +258,15 @@ async function run(args: string[], io: CliIo): Promise<number> {
       // A PostgreSQL lock is runlock's database session, which cannot be
       // handed on.
       const fd = lockDescriptor(lock);
+      if (fd === null) {
+        io.err(
+          "runlock: cannot hand the lock's descriptor to the command " +
+            "(its number could not be read from /proc with sh): " +
+            "the lock lasts only as long as runlock itself",
+        );
+      }
       const options = {
-        stdio: fd === undefined
+        stdio: fd === undefined || fd === null
           ? "inherit" as const
           : handedOn(fd, freeNumber(HANDED_FD)),
         detached: true,
@@ -283,7 +290,7 @@ async function run(args: string[], io: CliIo): Promise<number> {
         started = spawn("/bin/sh", command, options);
       }
       child = started;
-      if (started.pid !== undefined && fd !== undefined) {
+      if (started.pid !== undefined && typeof fd === "number") {
         const why = nameChild(lock, started.pid);
         if (why) {
           io.err(
