@@ -406,11 +406,20 @@ for (const [format, file] of [["esm", "cli.js"], ["cjs", "cli.cjs"]] as const) {
 // with its one copy of the errors; `pg` stays external. A `bun build
 // --compile` of this file bundles `pg` from node_modules, so the binary
 // works with --db too.
+// The CLI is imported dynamically, so that a platform the file locks do not
+// run on (UnsupportedPlatformError, thrown as they load) is said in one
+// line, as the CLI's other errors are, not as a stack trace.
 write(
   join(tscOut, "bin.js"),
   `import process from "node:process";\n` +
-    `import { main } from "./src/cli.js";\n` +
-    `process.exitCode = await main(process.argv.slice(2));\n`,
+    `let cli;\n` +
+    `try {\n` +
+    `  cli = await import("./src/cli.js");\n` +
+    `} catch (err) {\n` +
+    `  process.stderr.write(\`runlock: \${err?.message ?? err}\\n\`);\n` +
+    `  process.exit(2);\n` +
+    `}\n` +
+    `process.exitCode = await cli.main(process.argv.slice(2));\n`,
 );
 bundle("esm", join(tscOut, "bin.js"), join(pkgDir, "bin", "runlock.js"), [
   "--banner:js=#!/usr/bin/env node",

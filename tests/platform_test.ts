@@ -12,7 +12,7 @@ import { join } from "node:path";
 import process from "node:process";
 import { pathToFileURL } from "node:url";
 import { describe, test } from "node:test";
-import { runtime, tempDir } from "./_helpers.ts";
+import { cliCommand, runtime, tempDir } from "./_helpers.ts";
 
 declare const Deno: { execPath(): string } | undefined;
 
@@ -29,6 +29,20 @@ function entries(): { library: string; postgres: string } {
     library: pathToFileURL(require.resolve("runlock")).href,
     postgres: pathToFileURL(require.resolve("runlock/postgres")).href,
   };
+}
+
+/** A preloaded script that makes process.platform and arch say so. */
+function fakeNode(dir: string, os: string, arch: string): string[] {
+  const fake = join(dir, "fake.cjs");
+  writeFileSync(
+    fake,
+    `Object.defineProperty(process, "platform", { value: ${
+      JSON.stringify(os)
+    } });
+Object.defineProperty(process, "arch", { value: ${JSON.stringify(arch)} });
+`,
+  );
+  return runtime === "bun" ? ["--preload", fake] : ["--require", fake];
 }
 
 /**
@@ -87,18 +101,7 @@ Object.defineProperty(globalThis, "Deno", {
         main,
       ];
     } else {
-      const fake = join(dir, "fake.cjs");
-      writeFileSync(
-        fake,
-        `Object.defineProperty(process, "platform", { value: ${
-          JSON.stringify(os)
-        } });
-Object.defineProperty(process, "arch", { value: ${JSON.stringify(arch)} });
-`,
-      );
-      argv = runtime === "bun"
-        ? [process.execPath, "--preload", fake, main]
-        : [process.execPath, "--require", fake, main];
+      argv = [process.execPath, ...fakeNode(dir, os, arch), main];
     }
     const r = spawnSync(argv[0], argv.slice(1), { encoding: "utf8" });
     assert.equal(r.status, 0, `${r.stdout}${r.stderr}`);
@@ -128,6 +131,36 @@ describe("platform", () => {
       else assert.match(out.postgres, /^UnsupportedPlatformError: /);
     });
   }
+
+  test(
+    "the runlock command on macOS says so in one line, exit 2, for every command, no stack trace",
+    {
+      // Deno runs src/cli.ts, whose static imports load the file locks
+      // before any of its code runs.
+      skip: runtime === "deno",
+    },
+    () => {
+      const { dir, cleanup } = tempDir();
+      try {
+        const [exe, bin] = cliCommand();
+        for (const args of [["--version"], ["status", "x.lock"]]) {
+          const r = spawnSync(
+            exe,
+            [...fakeNode(dir, "darwin", "arm64"), bin, ...args],
+            { encoding: "utf8" },
+          );
+          assert.equal(r.status, 2, r.stderr);
+          assert.equal(r.stdout, "");
+          assert.match(
+            r.stderr,
+            /^runlock: runlock's file locks run on Linux on x86_64[^\n]*darwin[^\n]*\n$/,
+          );
+        }
+      } finally {
+        cleanup();
+      }
+    },
+  );
 
   test("on Linux x86_64 (this machine, faked the same way) the file locks load", () => {
     assert.deepEqual(importAs("linux", "x64"), {
