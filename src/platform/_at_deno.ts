@@ -55,6 +55,22 @@ const OPEN_EXISTING = O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC;
 // O_PATH needs only search permission on the directory and reads nothing.
 const OPEN_DIR = O_PATH | O_DIRECTORY | O_CLOEXEC;
 
+/** How often a call that failed with EAGAIN is made again (see again()). */
+const DOUBTFUL_TRIES = 3;
+
+/**
+ * Whether a call that failed with `errno` is to be made again, the
+ * `tries`th time: EINTR always; EAGAIN a few times. None of the calls made
+ * here fails with EAGAIN on a regular file or a directory, but under a
+ * flood of signals Deno's signal handler can leave EAGAIN in errno between
+ * the failed call and the read of errno (its write to a full pipe fails):
+ * made again, the call reports its own errno. A failed call changed
+ * nothing, so making it again is safe.
+ */
+function again(errno: number, tries: number): boolean {
+  return errno === EINTR || (errno === EAGAIN && tries < DOUBTFUL_TRIES);
+}
+
 /** The error for a failed `syscall` on `path`, worded as Deno words one. */
 export function errnoError(
   errno: number,
@@ -125,6 +141,7 @@ class FdHandle implements Handle {
   write(data: Uint8Array): void {
     const l = this.#l;
     let done = 0;
+    let tries = 0;
     while (done < data.length) {
       const n = l.write(
         this.#fd,
@@ -136,7 +153,7 @@ class FdHandle implements Handle {
         continue;
       }
       const errno = n < 0 ? l.errno() : 5; // no progress: EIO
-      if (errno === EINTR) continue;
+      if (again(errno, ++tries)) continue;
       throw errnoError(errno, "write", named(this.#dir, this.#name));
     }
   }
@@ -144,6 +161,7 @@ class FdHandle implements Handle {
   writeAt(data: Uint8Array, offset: number): void {
     const l = this.#l;
     let done = 0;
+    let tries = 0;
     while (done < data.length) {
       const n = l.pwrite(
         this.#fd,
@@ -156,7 +174,7 @@ class FdHandle implements Handle {
         continue;
       }
       const errno = n < 0 ? l.errno() : 5; // no progress: EIO
-      if (errno === EINTR) continue;
+      if (again(errno, ++tries)) continue;
       throw errnoError(errno, "write", named(this.#dir, this.#name));
     }
   }
@@ -165,6 +183,7 @@ class FdHandle implements Handle {
     const l = this.#l;
     const buf = max <= scratch.length ? scratch : new Uint8Array(max);
     let len = 0;
+    let tries = 0;
     while (len < max) {
       const n = l.pread(
         this.#fd,
@@ -174,7 +193,7 @@ class FdHandle implements Handle {
       );
       if (n < 0) {
         const errno = l.errno();
-        if (errno === EINTR) continue;
+        if (again(errno, ++tries)) continue;
         throw errnoError(errno, "read", named(this.#dir, this.#name));
       }
       if (n === 0) break;
@@ -187,9 +206,10 @@ class FdHandle implements Handle {
 
   stat(): FileInfo {
     const l = this.#l;
+    let tries = 0;
     while (l.fstat(this.#fd) !== 0) {
       const errno = l.errno();
-      if (errno !== EINTR) {
+      if (!again(errno, ++tries)) {
         throw errnoError(errno, "fstat", named(this.#dir, this.#name));
       }
     }
@@ -198,9 +218,10 @@ class FdHandle implements Handle {
 
   chmod(mode: number): void {
     const l = this.#l;
+    let tries = 0;
     while (l.fchmod(this.#fd, mode) !== 0) {
       const errno = l.errno();
-      if (errno !== EINTR) {
+      if (!again(errno, ++tries)) {
         throw errnoError(errno, "fchmod", named(this.#dir, this.#name));
       }
     }
@@ -232,11 +253,12 @@ export function openAt(
   name: string,
 ): Handle | "ENOENT" {
   let fd: number;
+  let tries = 0;
   for (;;) {
     fd = l.openat(dirfd, name, OPEN_EXISTING, 0);
     if (fd >= 0) break;
     const errno = l.errno();
-    if (errno === EINTR) continue;
+    if (again(errno, ++tries)) continue;
     if (errno === ENOENT) return "ENOENT";
     // A UNIX socket cannot be opened: ENXIO. It is not a regular file.
     if (errno === ENXIO) {
@@ -249,9 +271,10 @@ export function openAt(
     // ELOOP for a symlink (O_NOFOLLOW), which is never followed.
     throw errnoError(errno, "open", named(dir, name));
   }
+  tries = 0;
   while (l.fstat(fd) !== 0) {
     const errno = l.errno();
-    if (errno === EINTR) continue;
+    if (again(errno, ++tries)) continue;
     l.close(fd);
     throw errnoError(errno, "fstat", named(dir, name));
   }
@@ -273,9 +296,10 @@ export function lstatAt(
   dir: Where,
   name: string,
 ): FileInfo | null {
+  let tries = 0;
   while (l.fstatat(dirfd, name, AT_SYMLINK_NOFOLLOW) !== 0) {
     const errno = l.errno();
-    if (errno === EINTR) continue;
+    if (again(errno, ++tries)) continue;
     if (errno === ENOENT) return null;
     throw errnoError(errno, "lstat", named(dir, name));
   }
@@ -341,11 +365,12 @@ class FdDir implements Dir {
 
   create(name: string): Handle | "EEXIST" | "ENOENT" {
     const l = this.#l;
+    let tries = 0;
     for (;;) {
       const fd = l.openat(this.#fd, name, CREATE, 0o644);
       if (fd >= 0) return new FdHandle(l, fd, this, name);
       const errno = l.errno();
-      if (errno === EINTR) continue;
+      if (again(errno, ++tries)) continue;
       if (errno === EEXIST) return "EEXIST";
       if (errno === ENOENT) return "ENOENT";
       throw errnoError(errno, "open", named(this, name));
@@ -358,9 +383,10 @@ class FdDir implements Dir {
 
   link(existing: string, created: string): "EEXIST" | "ENOENT" | undefined {
     const l = this.#l;
+    let tries = 0;
     while (l.linkat(this.#fd, existing, created) !== 0) {
       const errno = l.errno();
-      if (errno === EINTR) continue;
+      if (again(errno, ++tries)) continue;
       if (errno === EEXIST) return "EEXIST";
       if (errno === ENOENT) return "ENOENT";
       throw errnoError(errno, "link", named(this, created));
@@ -370,9 +396,10 @@ class FdDir implements Dir {
 
   unlink(name: string): "ENOENT" | undefined {
     const l = this.#l;
+    let tries = 0;
     while (l.unlinkat(this.#fd, name) !== 0) {
       const errno = l.errno();
-      if (errno === EINTR) continue;
+      if (again(errno, ++tries)) continue;
       if (errno === ENOENT) return "ENOENT";
       throw errnoError(errno, "unlink", named(this, name));
     }
@@ -399,10 +426,11 @@ export function openDirAt(
   path: string,
   realpath: (path: string) => string,
 ): Dir {
+  let tries = 0;
   for (;;) {
     const fd = l.openat(AT_FDCWD, path, OPEN_DIR, 0);
     if (fd >= 0) return new FdDir(l, fd, path, realpath);
     const errno = l.errno();
-    if (errno !== EINTR) throw errnoError(errno, "open", path);
+    if (!again(errno, ++tries)) throw errnoError(errno, "open", path);
   }
 }
