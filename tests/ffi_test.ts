@@ -25,7 +25,7 @@ import { dirname, join } from "node:path";
 import process from "node:process";
 import { describe, test } from "node:test";
 import { held, inspect } from "../mod.ts";
-import { fixtureCommand, runtime, tempDir } from "./_helpers.ts";
+import { fixtureCommand, holder, runtime, tempDir } from "./_helpers.ts";
 
 describe("the FFI module", {
   skip: runtime !== "node" &&
@@ -287,6 +287,57 @@ describe("the *at() calls on the pinned directory", {
         show(t),
       );
     } finally {
+      cleanup();
+    }
+  });
+});
+
+describe("held() of a lock a live process holds", {
+  skip: straceSkip("any"),
+}, () => {
+  test("six system calls on the file, from its open to its close: open, fstat, flock (refused: held), pread of the record's first line, kill(pid, 0) of that pid, close; no getpid", async () => {
+    const { dir: tmp, cleanup } = tempDir();
+    const dir = realpathSync(tmp);
+    const path = join(dir, "run.lock");
+    const h = await holder(path);
+    try {
+      const out = join(dir, "held.trace");
+      const [cmd, args] = fixtureCommand("inject_fixture.ts", ["held", path]);
+      const r = spawnSync("strace", [
+        "-qq",
+        "-y",
+        "-o",
+        out,
+        "-e",
+        "trace=openat,newfstatat,fstat,statx,flock,pread64,read,getpid,kill,close",
+        "--",
+        cmd,
+        ...args,
+      ], { encoding: "utf8", timeout: 60_000 });
+      assert.equal(r.status, 0, r.stderr);
+      assert.deepEqual(
+        r.stdout.trim().split("\n").map((l) => JSON.parse(l).held),
+        [true],
+      );
+      const lines = readFileSync(out, "utf8").split("\n");
+      const open = lines.findIndex((l) =>
+        /^openat\(/.test(l) && l.includes(`"${path}"`)
+      );
+      assert.ok(open >= 0, lines.join("\n"));
+      const fd = /= (\d+)</.exec(lines[open])![1];
+      const close = lines.findIndex((l, i) =>
+        i > open && new RegExp(`^close\\(${fd}<`).test(l)
+      );
+      const calls = lines.slice(open, close + 1).map((l) =>
+        l.slice(0, l.indexOf("("))
+      );
+      assert.deepEqual(
+        calls.map((c) => c === "fstat" || c === "statx" ? "newfstatat" : c),
+        ["openat", "newfstatat", "flock", "pread64", "kill", "close"],
+        lines.slice(open, close + 1).join("\n"),
+      );
+    } finally {
+      await h.kill();
       cleanup();
     }
   });

@@ -118,6 +118,8 @@ export interface Libc {
   /** `fcntl(fd, F_DUPFD_CLOEXEC, min)`. */
   dupfd(fd: number, min: number): number;
   close(fd: number): number;
+  /** `kill(pid, sig)`: with 0, whether the process exists. */
+  kill(pid: number, sig: number): number;
   /** `readlink(path)`, or `undefined` on failure. */
   readlink(path: string): string | undefined;
   /** The calling thread's errno, as the last call left it. */
@@ -199,6 +201,7 @@ export function libc(): Libc | undefined {
         pwrite: { parameters: [i32, "buffer", "usize", "i64"], result: i32 },
         fchmod: { parameters: [i32, "u32"], result: i32 },
         close: { parameters: [i32], result: i32 },
+        kill: { parameters: [i32, i32], result: i32 },
         readlink: {
           parameters: ["buffer", "buffer", "usize"],
           result: "isize",
@@ -256,6 +259,7 @@ export function libc(): Libc | undefined {
       fchmod: (n, mode) => s.fchmod(n, mode),
       dupfd: (n, min) => s.fcntl(n, F_DUPFD_CLOEXEC, min),
       close: (n) => s.close(n),
+      kill: (pid, sig) => s.kill(pid, sig),
       readlink(path) {
         const p = cString(path, nameA);
         if (!p) return undefined;
