@@ -8,7 +8,7 @@
  */
 
 import { spawnSync } from "node:child_process";
-import { readFileSync } from "node:fs";
+import { readdirSync, readFileSync } from "node:fs";
 import { process } from "../_process.ts";
 import {
   DESCRIPTOR,
@@ -38,34 +38,61 @@ export function lockDescriptor(lock: object): number | null | undefined {
 /** O_CLOEXEC, as /proc/<pid>/fdinfo's octal `flags:` line shows it. */
 const O_CLOEXEC = 0o2000000;
 
-/**
- * The descriptor number to hand the lock on at: `wanted` (9, as flock(1)
- * users expect), unless runlock was itself given a descriptor there that
- * its command inherits too (a run inside a run: the outer lock is at 9),
- * then the first number above it that runlock was not given. Where this
- * process's /proc/<pid>/fdinfo cannot be read (no /proc; Deno without
- * --allow-all), `wanted`.
- *
- * @param wanted The number to hand the lock on at if it is free.
- * @returns A number the command would otherwise not have open.
- */
-export function freeNumber(wanted: number): number {
-  for (let n = wanted; n < wanted + 64; n++) {
-    if (!inherited(n)) return n;
-  }
-  return wanted;
+/** Where the command gets the lock's descriptor, and what else it keeps. */
+export interface Numbers {
+  /** The lock's descriptor number in the command. */
+  at: number;
+  /**
+   * Descriptors runlock was given holding a flock (a run inside a run, a
+   * flock(1) script's `exec 9>`), passed on at their own numbers: Bun
+   * marks every descriptor it was given close-on-exec as it starts.
+   */
+  keep: number[];
 }
 
-/** Whether descriptor `n` of this process stays open across exec. */
-function inherited(n: number): boolean {
-  let text: string;
+/**
+ * Where to hand the lock on: at `wanted` (9, as flock(1) users expect),
+ * unless runlock was itself given a descriptor there that its command
+ * would keep too (open and not close-on-exec, or holding a flock: a run
+ * inside a run has the outer lock at 9), then at the first number above
+ * it that is free so. Where this process's /proc/<pid>/fdinfo cannot be
+ * read (no /proc; Deno without --allow-all), at `wanted`, keeping nothing
+ * more than the runtime passes on.
+ *
+ * @param wanted The number to hand the lock on at if it is free.
+ * @param own The lock's descriptor in this process, which is not kept.
+ * @returns The number, and the flocked descriptors to pass on.
+ */
+export function handNumbers(wanted: number, own: number): Numbers {
+  const dir = `/proc/${process.pid}/fdinfo`;
+  let names: string[];
   try {
-    text = readFileSync(`/proc/${process.pid}/fdinfo/${n}`, "utf8");
+    names = readdirSync(dir);
   } catch {
-    return false;
+    return { at: wanted, keep: [] };
   }
-  const flags = /^flags:\s+([0-7]+)$/m.exec(text);
-  return flags !== null && (parseInt(flags[1], 8) & O_CLOEXEC) === 0;
+  const taken = new Set<number>();
+  const keep: number[] = [];
+  for (const name of names) {
+    const n = Number(name);
+    if (!(n >= 3) || n === own) continue;
+    let text: string;
+    try {
+      text = readFileSync(`${dir}/${name}`, "utf8");
+    } catch {
+      continue; // closed meanwhile
+    }
+    const flags = /^flags:\s+([0-7]+)$/m.exec(text);
+    if (/^lock:\s+\d+: FLOCK /m.test(text)) {
+      keep.push(n);
+      taken.add(n);
+    } else if (flags && (parseInt(flags[1], 8) & O_CLOEXEC) === 0) {
+      taken.add(n);
+    }
+  }
+  let at = wanted;
+  while (taken.has(at)) at++;
+  return { at, keep: keep.sort((a, b) => a - b) };
 }
 
 /**

@@ -18,7 +18,12 @@ import {
   type HeldLock,
 } from "./_backend.ts";
 import { clip, printable, printableErrors } from "./_format.ts";
-import { freeNumber, lockDescriptor, nameChild } from "./_hand_on.ts";
+import {
+  handNumbers,
+  lockDescriptor,
+  nameChild,
+  type Numbers,
+} from "./_hand_on.ts";
 import type { Command } from "./_help.ts";
 import { type CliIo, Progress } from "./_io.ts";
 import {
@@ -31,23 +36,26 @@ import {
 
 /**
  * The descriptor number the command gets the lock's descriptor at, unless
- * runlock was given one there itself (see freeNumber).
+ * runlock was given one there itself (see handNumbers).
  */
 const HANDED_FD = 9;
 
 /**
- * The command's descriptors: runlock's stdio, nothing below `at` (a
- * descriptor runlock itself inherited there is left alone where the
- * runtime passes them on), and the lock's at `at`.
+ * The command's descriptors: runlock's stdio, the lock's at `n.at`, the
+ * flocked descriptors runlock was given at their own numbers, nothing
+ * else (a descriptor runlock itself inherited elsewhere is left alone
+ * where the runtime passes them on).
  */
-function handedOn(fd: number, at: number): ("inherit" | "ignore" | number)[] {
+function handedOn(fd: number, n: Numbers): ("inherit" | "ignore" | number)[] {
   const stdio: ("inherit" | "ignore" | number)[] = [
     "inherit",
     "inherit",
     "inherit",
   ];
-  while (stdio.length < at) stdio.push("ignore");
-  stdio.push(fd);
+  const last = Math.max(n.at, ...n.keep);
+  while (stdio.length <= last) stdio.push("ignore");
+  for (const kept of n.keep) stdio[kept] = kept;
+  stdio[n.at] = fd;
   return stdio;
 }
 
@@ -268,7 +276,7 @@ async function run(args: string[], io: CliIo): Promise<number> {
       const options = {
         stdio: fd === undefined || fd === null
           ? "inherit" as const
-          : handedOn(fd, freeNumber(HANDED_FD)),
+          : handedOn(fd, handNumbers(HANDED_FD, fd)),
         detached: true,
       };
       let started: ChildProcess;
