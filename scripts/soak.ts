@@ -9,6 +9,9 @@
 //   --per-runtime N     workers of each runtime (default 2)
 //   --runtimes a,b      default deno,node,bun
 //   --every MS          mean pause between the killer's actions (default 60)
+//   --moves             each lock in a directory of its own, half of the
+//                       deletions made by moving that directory away and
+//                       making a new one (mv d d.old && mkdir d)
 //   --scratch DIR       an npm scratch project with runlock, bun and the
 //                       compiled tests (npm/scratch after `deno task
 //                       test:npm`); built into npm/soak when not given
@@ -31,6 +34,7 @@ const { values } = parseArgs({
     "per-runtime": { type: "string", default: "2" },
     runtimes: { type: "string", default: "deno,node,bun" },
     every: { type: "string", default: "60" },
+    moves: { type: "boolean", default: false },
     scratch: { type: "string" },
     report: { type: "string" },
   },
@@ -113,6 +117,7 @@ try {
     workers,
     dir,
     every: Number(values.every),
+    moves: values.moves,
     log: (line) => console.log(line),
   });
   console.log(summary(report));

@@ -31,11 +31,12 @@ import {
   mkdirSync,
   readdirSync,
   readFileSync,
+  renameSync,
   rmSync,
   unlinkSync,
   writeFileSync,
 } from "node:fs";
-import { join } from "node:path";
+import { basename, dirname, join } from "node:path";
 import { Child, delay, fixtureCommand } from "./_helpers.ts";
 
 /** What one soak run did and found. */
@@ -54,6 +55,11 @@ export interface SoakReport {
   stops: number;
   /** Lock files deleted by hand, each while its holder was stopped. */
   deletions: number;
+  /**
+   * Of those, the ones whose directory was moved away and made anew
+   * (`mv d d.old && mkdir d`, with `moves`): the file left the path.
+   */
+  moves: number;
   overlaps: number;
   /** Overlaps whose holder reported the loss (lock.signal / release). */
   overlapsReported: number;
@@ -99,6 +105,13 @@ export interface SoakOptions {
   dir: string;
   /** Mean milliseconds between the killer's actions. */
   every?: number;
+  /**
+   * Each lock in a directory of its own, and half of the deletions made by
+   * moving that directory away and making a new one in its place (`mv d
+   * d.old && mkdir d`): a holder's file leaves the path with it, and a
+   * waiter that pinned the old directory must not take the lock there.
+   */
+  moves?: boolean;
   /**
    * Events the run must contain: after `seconds`, the killer goes on until
    * it has made these (a loaded machine makes fewer per second), giving up
@@ -161,8 +174,29 @@ export async function soak(options: SoakOptions): Promise<SoakReport> {
   appendFileSync(log, "");
   const paths = Array.from(
     { length: options.locks },
-    (_, k) => join(lockDir, `lock-${k}`),
+    (_, k) =>
+      options.moves
+        ? join(lockDir, `lock-${k}`, "run.lock")
+        : join(lockDir, `lock-${k}`),
   );
+  const movedDir = join(dir, "moved");
+  if (options.moves) {
+    mkdirSync(movedDir);
+    for (const path of paths) mkdirSync(dirname(path));
+  }
+  /** The entries of the lock directories (each lock's, with `moves`). */
+  const entries = () =>
+    options.moves
+      ? paths.flatMap((path) =>
+        existsSync(dirname(path))
+          ? readdirSync(dirname(path)).map((n) =>
+            `${basename(dirname(path))}/${n}`
+          )
+          : []
+      )
+      : existsSync(lockDir)
+      ? readdirSync(lockDir)
+      : [];
   const began = Date.now();
   const until = began + seconds * 1000;
   const deadline = began + (options.deadline ?? 60 + 4 * seconds) * 1000;
@@ -173,7 +207,7 @@ export async function soak(options: SoakOptions): Promise<SoakReport> {
   let processes = 0;
   const killed = new Set<number>();
   const runtimeOf = new Map<number, string>();
-  const counts = { kills: 0, stops: 0, deletions: 0 };
+  const counts = { kills: 0, stops: 0, deletions: 0, moves: 0 };
 
   const start = (slot: number) => {
     const { runtime, command } = options.workers[slot];
@@ -273,7 +307,14 @@ export async function soak(options: SoakOptions): Promise<SoakReport> {
         await stoppedNow(victim);
         try {
           if (holderOf(k) === victim) {
-            unlinkSync(paths[k]);
+            if (options.moves && Math.random() < 0.5) {
+              const from = dirname(paths[k]);
+              renameSync(from, join(movedDir, `lock-${k}.${counts.moves}`));
+              mkdirSync(from);
+              counts.moves++;
+            } else {
+              unlinkSync(paths[k]);
+            }
             note(`deleted ${k} ${victim.child.pid}`);
             counts.deletions++;
           }
@@ -327,9 +368,10 @@ export async function soak(options: SoakOptions): Promise<SoakReport> {
   report.kills = counts.kills;
   report.stops = counts.stops;
   report.deletions = counts.deletions;
+  report.moves = counts.moves;
 
   // Litter, then one clean acquire and release per lock in a fresh process.
-  report.litterBeforeClean = readdirSync(lockDir).sort();
+  report.litterBeforeClean = entries().sort();
   const [cmd, args] = options.clean
     ? [options.clean[0], options.clean.slice(1)]
     : fixtureCommand("inject_fixture.ts", []);
@@ -340,7 +382,7 @@ export async function soak(options: SoakOptions): Promise<SoakReport> {
     const step = JSON.parse(line);
     if (!step.ok) report.violations.push(`final clean acquire: ${line}`);
   }
-  report.leftAfterClean = existsSync(lockDir) ? readdirSync(lockDir) : [];
+  report.leftAfterClean = entries();
   if (report.leftAfterClean.length > 0) {
     report.violations.push(
       `left after the clean acquire: ${report.leftAfterClean.join(", ")}`,
@@ -603,6 +645,7 @@ export function analyse(
     killsInside,
     stops: 0,
     deletions: 0,
+    moves: 0,
     overlaps: pairs.length,
     overlapsReported,
     overlapsHolderKilled,
@@ -631,7 +674,9 @@ export function summary(r: SoakReport): string {
       r.runtimes.join("+")
     }, ${r.locks} locks, ${r.workers} workers (${r.processes} processes in all)`,
     `  acquisitions: ${r.acquisitions} (${by})`,
-    `  kills: ${r.kills} (${r.killsInside} inside the critical section), stops: ${r.stops}, deletions of a held lock's file: ${r.deletions}`,
+    `  kills: ${r.kills} (${r.killsInside} inside the critical section), stops: ${r.stops}, deletions of a held lock's file: ${r.deletions}${
+      r.moves ? ` (${r.moves} by moving its directory away)` : ""
+    }`,
     `  overlaps (an entry while another worker was still inside): ${r.overlaps}; after a deletion, reported as lost: ${r.overlapsReported}; holder SIGKILLed before it could report: ${r.overlapsHolderKilled}; unexplained: ${r.overlapsUnexplained}`,
     `  losses reported: ${r.lossesReported} (${r.lossesBySignal} by lock.signal before release; ${r.lossesCascade} cascade: a deleted holder's late release unlinked its successor's file), ${r.lossesWithoutDeletion} without a deletion; ${r.deletionsSilent} deletions reported only by a successor (the release window)`,
     `  errors: ${r.errors}${
