@@ -176,19 +176,35 @@ export function pin(lp: LockPath): Target {
 }
 
 /**
- * Whether the lock's directory path still names the directory pinned by
- * descriptor (a path-pinned directory is looked up on every call anyway).
- * `<dir>/.` resolves a final symlink too. A directory that cannot be
- * looked up (removed, or no longer searchable) counts as moved.
+ * Where a file just linked in the pinned directory is: `false` when the
+ * lock's directory path no longer names the pinned directory (moved away,
+ * or another mounted over it, maybe while we waited), else the pinned
+ * directory's canonical path, read before that check and verified after it
+ * (`""` where it cannot be told: pinned by path, no /proc, or a name that
+ * does not lead there). That name, unlike the path as given, no chdir or
+ * re-pointed symlink changes: the lock remembers it, and finds its file
+ * gone from it if the directory is moved away later. `<dir>/.` resolves a
+ * final symlink too. A directory that cannot be looked up (removed, or no
+ * longer searchable) counts as moved.
  */
-function leadsToPinned(target: Target): boolean {
+function placed(target: Target): string | false {
   const pinned = target.pinned;
-  if (!pinned.byDescriptor) return true;
+  if (!pinned.byDescriptor) return "";
+  const dot = (dir: string) => dir === "/" ? "/." : `${dir}/.`;
   try {
+    // Deno's prefix is the name already; Node's and Bun's is the
+    // descriptor's /proc/self/fd/N.
+    const prefix = pinned.prefix;
+    const name = prefix.startsWith("/proc/self/fd/")
+      ? p.realDir(prefix)
+      : prefix;
     const here = pinned.lstat(".");
-    const there = p.lstat(target.dir === "/" ? "/." : `${target.dir}/.`);
-    return here !== null && there !== null && here.dev === there.dev &&
-      here.ino === there.ino;
+    if (here === null || !sameFile(p.lstat(dot(target.dir)), here)) {
+      return false;
+    }
+    // The same path (no symlink, no `..`, absolute) was just looked up.
+    if (name === target.dir) return name;
+    return name !== "" && sameFile(p.lstat(dot(name)), here) ? name : "";
   } catch {
     return false;
   }
@@ -252,7 +268,8 @@ export function* attemptLoop(
         yield backoffMs(attempt);
         continue;
       }
-      if (!leadsToPinned(target)) {
+      const dir = placed(target);
+      if (dir === false) {
         // The directory was moved (or another mounted over it) since it was
         // pinned, maybe while we waited: the lock we just linked is not at
         // the path we were given, where another run may hold its own. Undo
@@ -276,7 +293,7 @@ export function* attemptLoop(
         // removes it once we are gone.
       }
       sweepAfter(target, tookOver);
-      return { handle, id, started };
+      return { handle, id, started, dir };
     }
   } finally {
     if (temp !== undefined) discardTemp(target.pinned, temp);

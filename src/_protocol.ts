@@ -61,6 +61,11 @@ export interface Acquired {
   handle: Handle;
   id: FileInfo;
   started: Date;
+  /**
+   * The pinned directory's canonical path when the file was linked there,
+   * or `""` where it cannot be told (see `placed` in `_attempt.ts`).
+   */
+  dir?: string;
 }
 
 /** A live run holds the lock. */

@@ -176,6 +176,10 @@ export interface Lock extends Disposable, AsyncDisposable {
   releaseSync(): void;
 }
 
+/** The loss of a file whose directory moved away from the lock's path. */
+const MOVED_AWAY =
+  "was moved away from its path (its directory was renamed or replaced)";
+
 const encoder = new TextEncoder();
 const CHILD_LINE_BYTES = encoder.encode("\n" + CHILD_LINE);
 
@@ -269,6 +273,11 @@ class RunLock implements Lock {
     this.#handle = acquired.handle;
     this.#id = acquired.id;
     heldHere.set(acquired.id, acquired.started);
+    // Where the file was linked, by a path that no chdir or re-pointed
+    // symlink changes: release() finds a directory moved away from it
+    // before the first check (a run shorter than checkInterval, or
+    // checkInterval 0).
+    if (acquired.dir) this.#named = within(acquired.dir, target.name);
     // checkInterval 0: the lock never looks at its file on its own (no
     // check, no watch); only release() finds a loss.
     if (checkInterval === 0) return;
@@ -409,11 +418,7 @@ class RunLock implements Lock {
         );
       }
       if (named === undefined || ours(named)) return undefined;
-      return new LockLostError(
-        this.path,
-        this.pid,
-        "was moved away from its path (its directory was renamed or replaced)",
-      );
+      return new LockLostError(this.path, this.pid, MOVED_AWAY);
     }
     if (now === null) {
       return new LockLostError(this.path, this.pid, "was deleted");
@@ -483,6 +488,19 @@ class RunLock implements Lock {
     const target = this.#target;
     let lost: string | undefined;
     try {
+      // The path where the file was named at acquire, read first (as the
+      // check does): not our file there, while the pinned directory still
+      // has it, is a directory moved away from the path.
+      let away = false;
+      if (this.#named) {
+        try {
+          const named = p.lstat(this.#named);
+          away = named === null || named.dev !== this.#id.dev ||
+            named.ino !== this.#id.ino;
+        } catch {
+          // Unreadable proves nothing: the pinned directory decides.
+        }
+      }
       // Unlink first, unlock second: while we hold LOCK_EX on the inode that
       // the name names, no other participant can unlink or replace it. Both
       // calls go through the directory pinned at acquire, so a symlink
@@ -494,6 +512,8 @@ class RunLock implements Lock {
         lost = "was replaced by another file";
       } else if (target.pinned.unlink(target.name) === "ENOENT") {
         lost = "was deleted";
+      } else if (away) {
+        lost = MOVED_AWAY;
       }
     } catch (err) {
       if (errnoOf(err) === "ENOENT") {

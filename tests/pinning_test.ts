@@ -474,6 +474,37 @@ describe("a relative path and a later chdir", () => {
   );
 });
 
+describe("a held lock whose directory is moved away", () => {
+  for (const sync of [false, true]) {
+    test(`${sync ? "releaseSync" : "release"}() before any check (checkInterval 0) removes its file in the moved directory and reports LockLostError: the lock was not at its path, where another run took it`, async () => {
+      const { dir, cleanup } = tempDir();
+      try {
+        const state = join(dir, "state");
+        const path = join(state, "run.lock");
+        const lock = sync
+          ? acquireSync(path, { checkInterval: 0 })
+          : await acquire(path, { checkInterval: 0 });
+        renameSync(state, join(dir, "state.old"));
+        mkdirSync(state);
+        const other = await acquire(path, { timeout: 0 });
+        const check = (err: unknown) => {
+          assert.equal((err as Error).name, "LockLostError", String(err));
+          assert.match((err as Error).message, /moved away from its path/);
+          return true;
+        };
+        if (sync) assert.throws(() => lock.releaseSync(), check);
+        else await assert.rejects(lock.release(), check);
+        assert.equal(lock.signal.aborted, true);
+        assert.deepEqual(names(join(dir, "state.old")), []);
+        assert.equal(await held(path), true, "the other run's lock is left");
+        await other.release();
+      } finally {
+        cleanup();
+      }
+    });
+  }
+});
+
 describe("which directory is pinned", () => {
   test("a lock taken through a symlink to a directory in tmpdir is in the real directory", async () => {
     const { dir, cleanup } = tempDir();

@@ -26,7 +26,7 @@ import {
   type Platform,
   SysError,
 } from "./types.ts";
-import { checkPlatform } from "./_supported.ts";
+import { checkPlatform, linkedDir } from "./_supported.ts";
 
 // Here, before anything else runs: the only platform the tests run on.
 checkPlatform(Deno.build.os, Deno.build.arch);
@@ -677,6 +677,12 @@ export const platform: Platform = {
 
   realDir(given: string): string {
     try {
+      // An open directory's /proc/self/fd/N names it in one readlink
+      // (Deno's realPath walks every component); a removed one reads
+      // "... (deleted)", which is no path. libc's, with every permission:
+      // Deno's refuses /proc without it.
+      const l = given.startsWith("/proc/self/fd/") ? at() : null;
+      if (l) return linkedDir(l.readlink(given) ?? "");
       const path = kernelPath(given);
       if (path === null) return "";
       need("read", path, "realpath");

@@ -27,7 +27,7 @@ import { process } from "../_process.ts";
 import { fs } from "./_node.ts";
 import { AT_FDCWD } from "./_libc_node.ts";
 import { watchClose } from "./_close_node.ts";
-import { checkPlatform } from "./_supported.ts";
+import { checkPlatform, linkedDir } from "./_supported.ts";
 import {
   ffi,
   lstatAt,
@@ -55,6 +55,7 @@ const {
 } = fs;
 
 const ESRCH = osc.errno.ESRCH;
+const FD_PREFIX = "/proc/self/fd/";
 const EPERM = osc.errno.EPERM;
 const isBun = typeof (globalThis as { Bun?: unknown }).Bun !== "undefined";
 
@@ -108,6 +109,10 @@ export const platform: Platform = {
 
   realDir(path: string): string {
     try {
+      // An open directory's /proc/self/fd/N names it in one readlink
+      // (realpath walks every component); a removed one reads
+      // "... (deleted)", which is no path.
+      if (path.startsWith(FD_PREFIX)) return linkedDir(readlinkSync(path));
       return realpathSync.native(path);
     } catch {
       return "";
