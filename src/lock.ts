@@ -479,6 +479,22 @@ class RunLock implements Lock {
     return false;
   }
 
+  /**
+   * Whether the path where the file was linked no longer names it (read
+   * after the pinned directory showed it ours). A failed read proves
+   * nothing.
+   */
+  #movedAway(): boolean {
+    if (!this.#named) return false;
+    try {
+      const named = p.lstat(this.#named);
+      return named === null || named.dev !== this.#id.dev ||
+        named.ino !== this.#id.ino;
+    } catch {
+      return false;
+    }
+  }
+
   releaseSync(): void {
     const handle = this.#handle;
     if (handle === undefined) return;
@@ -488,19 +504,6 @@ class RunLock implements Lock {
     const target = this.#target;
     let lost: string | undefined;
     try {
-      // The path where the file was named at acquire, read first (as the
-      // check does): not our file there, while the pinned directory still
-      // has it, is a directory moved away from the path.
-      let away = false;
-      if (this.#named) {
-        try {
-          const named = p.lstat(this.#named);
-          away = named === null || named.dev !== this.#id.dev ||
-            named.ino !== this.#id.ino;
-        } catch {
-          // Unreadable proves nothing: the pinned directory decides.
-        }
-      }
       // Unlink first, unlock second: while we hold LOCK_EX on the inode that
       // the name names, no other participant can unlink or replace it. Both
       // calls go through the directory pinned at acquire, so a symlink
@@ -510,10 +513,16 @@ class RunLock implements Lock {
         lost = "was deleted";
       } else if (now.dev !== this.#id.dev || now.ino !== this.#id.ino) {
         lost = "was replaced by another file";
-      } else if (target.pinned.unlink(target.name) === "ENOENT") {
-        lost = "was deleted";
-      } else if (away) {
-        lost = MOVED_AWAY;
+      } else {
+        // Our file, in the pinned directory. Not at the path where it was
+        // linked (its directory moved away, maybe with another made in its
+        // place where another run took the lock) is a loss all the same.
+        const away = this.#movedAway();
+        if (target.pinned.unlink(target.name) === "ENOENT") {
+          lost = "was deleted";
+        } else if (away) {
+          lost = MOVED_AWAY;
+        }
       }
     } catch (err) {
       if (errnoOf(err) === "ENOENT") {
