@@ -401,59 +401,69 @@ describe("runlock run's record while its command runs", {
     );
   }
 
-  test("runlock given a locked descriptor at 9 itself (a run inside a run, a flock(1) script) hands its own lock on above it: SIGKILLed, its command keeps both locks", async () => {
-    const { dir, cleanup } = tempDir();
-    const outer = join(dir, "outer.lock");
-    const lock = join(dir, "run.lock");
-    const fifo = join(dir, "fifo");
-    assert.equal(spawnSync("mkfifo", [fifo]).status, 0);
-    // sh takes the outer lock at its fd 9, as flock(1) scripts and an outer
-    // `runlock run` do, and becomes runlock (exec): the same process.
-    const runner = new Background([
-      "sh",
-      "-c",
-      'exec 9>>"$1" && flock -n 9 && shift && exec "$@"',
-      "sh",
-      outer,
-      ...cliCommand(),
-      "run",
-      lock,
-      "--",
-      "sh",
-      "-c",
-      'echo "ready $$ $(cd /proc/$$/fd && stat -L -c %n:%i [0-9]* | tr "\\n" " ")"; ' +
-      'read x < "$1"',
-      "sh",
-      fifo,
-    ]);
-    try {
-      // The command's descriptors, as number:inode.
-      const fds = new Map(
-        (await runner.line(/^ready \d+ /)).trim().split(" ").slice(2).map((f) =>
-          f.split(":").map(Number) as [number, number]
-        ),
-      );
-      assert.equal(fds.get(9), statSync(outer).ino, "the outer lock at 9");
-      const at = [...fds].find(([, ino]) => ino === statSync(lock).ino)?.[0];
-      assert.ok(at !== undefined && at > 9, `the lock above 9: ${at}`);
-      runner.signal("SIGKILL");
-      await runner.died;
-      assert.equal(
-        spawnSync("flock", ["-n", outer, "true"]).status,
-        1,
-        "the outer lock is still held, by the command",
-      );
-      assert.equal(cli("run", lock, "--", "true").code, 75);
-      release(fifo);
-      await runner.exited;
-      assert.equal(spawnSync("flock", ["-n", outer, "true"]).status, 0);
-      assert.equal(cli("run", lock, "--", "true").code, 0);
-    } finally {
-      release(fifo);
-      await runner.exited;
-      cleanup();
-    }
-  });
+  for (const how of ["with FFI", "under Deno without FFI"] as const) {
+    test(
+      `${how}: runlock given a locked descriptor at 9 itself (a run inside a run, a flock(1) script) hands its own lock on above it: SIGKILLed, its command keeps both locks`,
+      {
+        skip: how === "under Deno without FFI" &&
+          (cliRuntime !== "deno" || process.env.RUNLOCK_CLI !== undefined),
+      },
+      async () => {
+        const { dir, cleanup } = tempDir();
+        const outer = join(dir, "outer.lock");
+        const lock = join(dir, "run.lock");
+        const fifo = join(dir, "fifo");
+        assert.equal(spawnSync("mkfifo", [fifo]).status, 0);
+        // sh takes the outer lock at its fd 9, as flock(1) scripts and an outer
+        // `runlock run` do, and becomes runlock (exec): the same process.
+        const runner = new Background([
+          "sh",
+          "-c",
+          'exec 9>>"$1" && flock -n 9 && shift && exec "$@"',
+          "sh",
+          outer,
+          ...(how === "with FFI" ? cliCommand() : noFfiCli()),
+          "run",
+          lock,
+          "--",
+          "sh",
+          "-c",
+          'echo "ready $$ $(cd /proc/$$/fd && stat -L -c %n:%i [0-9]* | tr "\\n" " ")"; ' +
+          'read x < "$1"',
+          "sh",
+          fifo,
+        ]);
+        try {
+          // The command's descriptors, as number:inode.
+          const fds = new Map(
+            (await runner.line(/^ready \d+ /)).trim().split(" ").slice(2).map((
+              f,
+            ) => f.split(":").map(Number) as [number, number]),
+          );
+          assert.equal(fds.get(9), statSync(outer).ino, "the outer lock at 9");
+          const at = [...fds].find(([, ino]) => ino === statSync(lock).ino)
+            ?.[0];
+          assert.ok(at !== undefined && at > 9, `the lock above 9: ${at}`);
+          runner.signal("SIGKILL");
+          await runner.died;
+          assert.equal(
+            spawnSync("flock", ["-n", outer, "true"]).status,
+            1,
+            "the outer lock is still held, by the command",
+          );
+          assert.equal(cli("run", lock, "--", "true").code, 75);
+          release(fifo);
+          await runner.exited;
+          assert.equal(spawnSync("flock", ["-n", outer, "true"]).status, 0);
+          assert.equal(cli("run", lock, "--", "true").code, 0);
+        } finally {
+          release(fifo);
+          await runner.exited;
+          cleanup();
+        }
+      },
+    );
+  }
 
   test("runlock SIGKILLed, then its command ends while what it started holds fd 9: status names no command (its pid may be reused), and a run is still refused", async () => {
     const { dir, cleanup } = tempDir();

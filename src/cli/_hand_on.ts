@@ -55,33 +55,19 @@ export interface Numbers {
  * unless runlock was itself given a descriptor there that its command
  * would keep too (open and not close-on-exec, or holding a flock: a run
  * inside a run has the outer lock at 9), then at the first number above
- * it that is free so. Where this process's /proc/<pid>/fdinfo cannot be
- * read (no /proc; Deno without --allow-all), at `wanted`, keeping nothing
- * more than the runtime passes on.
+ * it that is free so. Where this process's descriptors cannot be listed
+ * (no /proc, no `sh`), at `wanted`, keeping nothing more than the runtime
+ * passes on.
  *
  * @param wanted The number to hand the lock on at if it is free.
  * @param own The lock's descriptor in this process, which is not kept.
  * @returns The number, and the flocked descriptors to pass on.
  */
 export function handNumbers(wanted: number, own: number): Numbers {
-  const dir = `/proc/${process.pid}/fdinfo`;
-  let names: string[];
-  try {
-    names = readdirSync(dir);
-  } catch {
-    return { at: wanted, keep: [] };
-  }
   const taken = new Set<number>();
   const keep: number[] = [];
-  for (const name of names) {
-    const n = Number(name);
-    if (!(n >= 3) || n === own) continue;
-    let text: string;
-    try {
-      text = readFileSync(`${dir}/${name}`, "utf8");
-    } catch {
-      continue; // closed meanwhile
-    }
+  for (const [n, text] of descriptors()) {
+    if (n < 3 || n === own) continue;
     const flags = /^flags:\s+([0-7]+)$/m.exec(text);
     if (/^lock:\s+\d+: FLOCK /m.test(text)) {
       keep.push(n);
@@ -93,6 +79,45 @@ export function handNumbers(wanted: number, own: number): Numbers {
   let at = wanted;
   while (taken.has(at)) at++;
   return { at, keep: keep.sort((a, b) => a - b) };
+}
+
+/**
+ * This process's descriptors and their /proc/<pid>/fdinfo text: read
+ * here, or, where this runtime may not read /proc (Deno without
+ * --allow-all), by a helper `sh`, as {@linkcode lockDescriptor} finds its
+ * number. None where neither can.
+ */
+function descriptors(): [number, string][] {
+  const dir = `/proc/${process.pid}/fdinfo`;
+  try {
+    const out: [number, string][] = [];
+    for (const name of readdirSync(dir)) {
+      try {
+        out.push([Number(name), readFileSync(`${dir}/${name}`, "utf8")]);
+      } catch {
+        // Closed meanwhile.
+      }
+    }
+    return out;
+  } catch {
+    // Not readable here: the helper.
+  }
+  try {
+    const found = spawnSync("sh", [
+      "-c",
+      'cd /proc/"$1"/fdinfo 2>/dev/null || exit 0; for f in *; do ' +
+      'printf "%s\\n" "$f"; cat "$f" 2>/dev/null; printf "\\036\\n"; done',
+      "sh",
+      String(process.pid),
+    ], { encoding: "utf8", stdio: ["ignore", "pipe", "ignore"] });
+    return String(found.stdout ?? "").split("\x1e\n").flatMap((entry) => {
+      const at = entry.indexOf("\n");
+      const n = Number(entry.slice(0, at));
+      return at > 0 && Number.isInteger(n) ? [[n, entry.slice(at + 1)]] : [];
+    }) as [number, string][];
+  } catch {
+    return [];
+  }
 }
 
 /**
