@@ -380,6 +380,21 @@ describe("runlock: a message wider than the terminal", () => {
         joined(r.stderr),
         `runlock: cannot run '${tool}': command not found\n`,
       );
+      // A path that needs bash's $'…' quoting, an escaped quote and a space
+      // in it: quoted alone (runlock's words stay plain), and whole.
+      writeFileSync(join(dir, "f"), "");
+      const odd = join(dir, "f", "the users' dir\nwith newline", "run.lock");
+      const q = await atTerminal({ COLUMNS: "40" }, "run", odd, "--", "true");
+      assert.equal(q.code, 2);
+      const span = `$'${odd.replace("'", "\\'").replace("\n", "\\n")}'`;
+      assert.ok(
+        q.stderr.split("\n").some((l) => l.trim() === `${span}:`),
+        `the quoted path on a line of its own: ${q.stderr}`,
+      );
+      assert.match(
+        joined(q.stderr),
+        /: cannot open the lock's directory: a parent of the path is not a directory\n$/,
+      );
       const long = `/${"y".repeat(90)}`;
       const w = await cli80("run", join(dir, "run.lock"), "--", long);
       assert.equal(w.code, 127);

@@ -77,7 +77,14 @@ export function printableErrors<A extends unknown[]>(
       return await run(...args);
     } catch (err) {
       if (!(err instanceof Error) || err instanceof Said) throw err;
-      const message = printable(err.message);
+      // The lock's path quoted where it is in the message, runlock's own
+      // words left as they are; the whole message only when something
+      // else in it needs quoting.
+      const path = (err as { path?: unknown }).path;
+      const quoted = typeof path === "string" && path !== ""
+        ? err.message.replaceAll(path, () => printable(path))
+        : err.message;
+      const message = UNPRINTABLE.test(quoted) ? printable(quoted) : quoted;
       if (message === err.message) throw err;
       if (err instanceof UsageError) throw new UsageError(message);
       throw new Error(message, { cause: err });

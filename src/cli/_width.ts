@@ -245,7 +245,7 @@ function words(line: string): string[] {
     } else if (
       (c === "'" && !isWordChar(line[i - 1])) || c === '"' || c === "`"
     ) {
-      const end = closing(line, i + 1, c);
+      const end = closing(line, i + 1, c, c === "'" && line[i - 1] === "$");
       i = end === -1 ? i + 1 : end + 1;
     } else {
       i++;
@@ -255,14 +255,22 @@ function words(line: string): string[] {
   return out;
 }
 
-/** Where the quote `quote` opened before `from` closes, or -1. */
-function closing(line: string, from: number, quote: string): number {
+/**
+ * Where the quote `quote` opened before `from` closes, or -1. In bash's
+ * `$'…'` (`ansi`), as in `"…"`, a backslash escapes the next character.
+ */
+function closing(
+  line: string,
+  from: number,
+  quote: string,
+  ansi: boolean,
+): number {
   for (let i = from; i < line.length; i++) {
     const c = line[i];
-    if (quote === '"' && c === "\\") i++;
+    if ((quote === '"' || ansi) && c === "\\") i++;
     else if (c !== quote) continue;
     else if (quote === '"' && line[i + 1] === '"') i++;
-    else if (quote === "'" && isWordChar(line[i + 1])) continue;
+    else if (quote === "'" && !ansi && isWordChar(line[i + 1])) continue;
     else return i;
   }
   return -1;
