@@ -176,6 +176,9 @@ export interface Lock extends Disposable, AsyncDisposable {
   releaseSync(): void;
 }
 
+/** "1 byte", "2 bytes". */
+const bytesOf = (n: number) => `${n} byte${n === 1 ? "" : "s"}`;
+
 /** The loss of a file whose directory moved away from the lock's path. */
 const MOVED_AWAY =
   "was moved away from its path (its directory was renamed or replaced)";
@@ -636,8 +639,10 @@ function check(options: AcquireSyncOptions | undefined): Checked {
     throw new RangeError(
       `Cannot acquire the lock as the record would be ${size} bytes, over ${MAX_RECORD_BYTES} (runlock's own lines take ${own}): ${
         over <= bytes(value)
-          ? `shorten meta.${longest} by ${over} bytes`
-          : `shorten the meta by ${over} bytes (meta.${longest} is the longest)`
+          ? `shorten meta.${longest} by ${bytesOf(over)}`
+          : `shorten the meta by ${
+            bytesOf(over)
+          } (meta.${longest} is the longest)`
       }`,
     );
   }

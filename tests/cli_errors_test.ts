@@ -6,8 +6,9 @@
 import assert from "node:assert/strict";
 import { chmodSync, mkdirSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
+import process from "node:process";
 import { describe, test } from "node:test";
-import { atTerminal, cli, type Result, start } from "./_cli.ts";
+import { atTerminal, cli, cliIn, type Result, start } from "./_cli.ts";
 import { tempDir } from "./_helpers.ts";
 
 /** Every command, as `runlock --help` lists them. */
@@ -63,6 +64,14 @@ describe("runlock ls: a directory that is not there, or empty", () => {
       assert.equal(
         r.stderr,
         `runlock: ls: $'${dir}/a\\tb' is not a directory\n`,
+      );
+      // Below a file: said in runlock's words, the path alone quoted.
+      const below = join(file, "sub");
+      const n = cli("ls", below);
+      assert.equal(n.code, 2);
+      assert.equal(
+        n.stderr,
+        `runlock: ls: $'${dir}/a\\tb/sub': a parent of the path is not a directory\n`,
       );
     } finally {
       cleanup();
@@ -274,6 +283,23 @@ describe("runlock run: a command that cannot be started", () => {
       chmodSync(script, 0o755);
       const r = cli("run", join(dir, "run.lock"), "--", script);
       assert.deepEqual(r, { code: 7, stdout: "ran by sh\n", stderr: "" });
+      // By a name found in PATH, as a shell finds it.
+      const bin = join(dir, "bin");
+      mkdirSync(bin);
+      writeFileSync(join(bin, "noshebang-runlock"), "echo found in PATH\n");
+      chmodSync(join(bin, "noshebang-runlock"), 0o755);
+      const named = cliIn(
+        { PATH: `${bin}:${process.env.PATH}` },
+        "run",
+        join(dir, "run.lock"),
+        "--",
+        "noshebang-runlock",
+      );
+      assert.deepEqual(named, {
+        code: 0,
+        stdout: "found in PATH\n",
+        stderr: "",
+      });
     } finally {
       cleanup();
     }

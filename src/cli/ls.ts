@@ -133,8 +133,19 @@ function kindOf(dir: string): "directory" | "other" | "missing" {
   try {
     return statSync(dir).isDirectory() ? "directory" : "other";
   } catch (err) {
-    if ((err as { code?: string }).code !== "ENOENT") throw err;
-    return "missing";
+    const code = (err as { code?: string }).code;
+    if (code === "ENOENT") return "missing";
+    // A path through a file, or a symlink loop: said in runlock's words,
+    // the path alone quoted.
+    const why = code === "ENOTDIR"
+      ? "a parent of the path is not a directory"
+      : code === "ELOOP"
+      ? "too many symbolic links on the way"
+      : code === "EACCES" || code === "EPERM"
+      ? "permission denied"
+      : undefined;
+    if (why === undefined) throw err;
+    throw new Error(`ls: ${printable(dir)}: ${why}`);
   }
 }
 

@@ -6,6 +6,7 @@
  */
 
 import { type ChildProcess, spawn } from "node:child_process";
+import { accessSync, constants as fsConstants, statSync } from "node:fs";
 import { process } from "../_process.ts";
 import { redact } from "../_redact.ts";
 import { metaOptions, parse, seconds, UsageError } from "./_args.ts";
@@ -26,6 +27,7 @@ import {
 } from "./_hand_on.ts";
 import type { Command } from "./_help.ts";
 import { type CliIo, Progress } from "./_io.ts";
+import { envValue } from "./_permissions.ts";
 import {
   HANDLED,
   HARMLESS,
@@ -39,6 +41,26 @@ import {
  * runlock was given one there itself (see handNumbers).
  */
 const HANDED_FD = 9;
+
+/**
+ * `name` as execvp(3) finds it: itself when it has a `/`, else the first
+ * executable file of that name in PATH (an empty entry is the working
+ * directory), else `name` (sh then says it is not found).
+ */
+function onPath(name: string): string {
+  if (name.includes("/")) return name;
+  for (const dir of (envValue("PATH") ?? "/usr/bin:/bin").split(":")) {
+    const path = `${dir === "" ? "." : dir}/${name}`;
+    try {
+      if (!statSync(path).isFile()) continue;
+      accessSync(path, fsConstants.X_OK);
+      return path;
+    } catch {
+      // Not there, or not executable: the next.
+    }
+  }
+  return name;
+}
 
 /**
  * The command's descriptors: runlock's stdio, the lock's at `n.at`, the
@@ -295,7 +317,11 @@ async function run(args: string[], io: CliIo): Promise<number> {
           );
           return error.code === "ENOENT" ? 127 : 126;
         }
-        started = spawn("/bin/sh", command, options);
+        started = spawn(
+          "/bin/sh",
+          [onPath(command[0]), ...command.slice(1)],
+          options,
+        );
       }
       child = started;
       if (started.pid !== undefined && typeof fd === "number") {

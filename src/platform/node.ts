@@ -112,7 +112,10 @@ export const platform: Platform = {
       // An open directory's /proc/self/fd/N names it in one readlink
       // (realpath walks every component); a removed one reads
       // "... (deleted)", which is no path.
-      if (path.startsWith(FD_PREFIX)) return linkedDir(readlinkSync(path));
+      if (path.startsWith(FD_PREFIX)) {
+        // A live directory whose own name ends in " (deleted)": realpath.
+        return linkedDir(readlinkSync(path)) || realpathSync.native(path);
+      }
       return realpathSync.native(path);
     } catch {
       return "";
