@@ -35,6 +35,7 @@ import {
   statFile,
   statInfo,
 } from "./_libc_deno.ts";
+import { linkedDir } from "./_proc.ts";
 import { type Dir, type FileInfo, type Handle, SysError } from "./types.ts";
 
 const LOCK_SH = 1;
@@ -139,36 +140,23 @@ class FdHandle implements Handle {
   }
 
   write(data: Uint8Array): void {
-    const l = this.#l;
-    let done = 0;
-    let tries = 0;
-    while (done < data.length) {
-      const n = l.write(
-        this.#fd,
-        done === 0 ? data : data.subarray(done),
-        data.length - done,
-      );
-      if (n > 0) {
-        done += n;
-        continue;
-      }
-      const errno = n < 0 ? l.errno() : 5; // no progress: EIO
-      if (again(errno, ++tries)) continue;
-      throw errnoError(errno, "write", named(this.#dir, this.#name));
-    }
+    this.#writeAll(data, -1);
   }
 
   writeAt(data: Uint8Array, offset: number): void {
+    this.#writeAll(data, offset);
+  }
+
+  /** All of `data`: at the file's offset (`write`), or at `at` (`pwrite`). */
+  #writeAll(data: Uint8Array, at: number): void {
     const l = this.#l;
     let done = 0;
     let tries = 0;
     while (done < data.length) {
-      const n = l.pwrite(
-        this.#fd,
-        done === 0 ? data : data.subarray(done),
-        data.length - done,
-        offset + done,
-      );
+      const rest = done === 0 ? data : data.subarray(done);
+      const n = at < 0
+        ? l.write(this.#fd, rest, data.length - done)
+        : l.pwrite(this.#fd, rest, data.length - done, at + done);
       if (n > 0) {
         done += n;
         continue;
@@ -345,11 +333,9 @@ class FdDir implements Dir {
       // The kernel's name of the directory, unless it was removed (then
       // " (deleted)" ends it; a live one may end so too, and is named the
       // other way: the lock checks that a name names its directory).
-      if (
-        real !== undefined && real.startsWith("/") &&
-        !real.endsWith(" (deleted)")
-      ) {
-        this.#prefix = real;
+      const dir = linkedDir(real ?? "");
+      if (dir !== "") {
+        this.#prefix = dir;
       } else {
         // Never an error of its own: a message about another failure may be
         // what asks (then, with the directory gone, the path as given).

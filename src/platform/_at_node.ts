@@ -101,34 +101,22 @@ class FdHandle implements Handle {
   }
 
   write(data: Uint8Array): void {
-    const l = fast!;
-    let done = 0;
-    while (done < data.length) {
-      const n = l.write(
-        this.#fd,
-        done === 0 ? data : data.subarray(done),
-        data.length - done,
-      );
-      if (n > 0) {
-        done += n;
-        continue;
-      }
-      const errno = n < 0 ? l.errno() : 5; // no progress: EIO
-      if (errno === EINTR) continue;
-      throw errnoError(errno, "write", named(this.#dir, this.#name));
-    }
+    this.#writeAll(data, -1);
   }
 
   writeAt(data: Uint8Array, offset: number): void {
+    this.#writeAll(data, offset);
+  }
+
+  /** All of `data`: at the file's offset (`write`), or at `at` (`pwrite`). */
+  #writeAll(data: Uint8Array, at: number): void {
     const l = fast!;
     let done = 0;
     while (done < data.length) {
-      const n = l.pwrite(
-        this.#fd,
-        done === 0 ? data : data.subarray(done),
-        data.length - done,
-        offset + done,
-      );
+      const rest = done === 0 ? data : data.subarray(done);
+      const n = at < 0
+        ? l.write(this.#fd, rest, data.length - done)
+        : l.pwrite(this.#fd, rest, data.length - done, at + done);
       if (n > 0) {
         done += n;
         continue;

@@ -15,12 +15,3 @@ export function checkPlatform(os: string, arch: string): void {
   if (os === "linux" && (arch === "x64" || arch === "x86_64")) return;
   throw new UnsupportedPlatformError(os, arch);
 }
-
-/**
- * The directory an open descriptor's /proc/self/fd/N link names, or `""`
- * when it names none: empty, not absolute, or removed (the kernel adds
- * " (deleted)").
- */
-export function linkedDir(target: string): string {
-  return target.startsWith("/") && !target.endsWith(" (deleted)") ? target : "";
-}

@@ -26,7 +26,8 @@ import {
   type Platform,
   SysError,
 } from "./types.ts";
-import { checkPlatform, linkedDir } from "./_supported.ts";
+import { checkPlatform } from "./_supported.ts";
+import { killLiveness, linkedDir } from "./_proc.ts";
 
 // Here, before anything else runs: the only platform the tests run on.
 checkPlatform(Deno.build.os, Deno.build.arch);
@@ -262,8 +263,6 @@ function info(s: Deno.FileInfo): FileInfo {
 }
 
 const LINUX = Deno.build.os === "linux";
-const ESRCH = 3;
-const EPERM = 1;
 
 // One buffer for every read (records are at most 4 KiB): allocating and
 // zeroing 4 KiB per probe showed up next to the system calls.
@@ -828,13 +827,7 @@ export const platform: Platform = {
   processAlive(pid: number): Liveness {
     // Through libc where it is bound: Deno.kill asks getpid() each call.
     const l = at();
-    if (l) {
-      if (l.kill(pid, 0) === 0) return "alive";
-      const errno = l.errno();
-      if (errno === ESRCH) return "dead";
-      if (errno === EPERM) return "alive";
-      return "unknown";
-    }
+    if (l) return killLiveness(l.kill(pid, 0), () => l.errno());
     if (runGranted === undefined || !runGranted) {
       runGranted = Deno.permissions.querySync({ name: "run" }).state ===
         "granted";

@@ -21,13 +21,14 @@
  * @module
  */
 
-import { constants as osc, hostname } from "node:os";
+import { hostname } from "node:os";
 import { dirname } from "node:path";
 import { process } from "../_process.ts";
 import { fs } from "./_node.ts";
 import { AT_FDCWD } from "./_libc_node.ts";
 import { watchClose } from "./_close_node.ts";
-import { checkPlatform, linkedDir } from "./_supported.ts";
+import { checkPlatform } from "./_supported.ts";
+import { killLiveness, linkedDir } from "./_proc.ts";
 import {
   ffi,
   lstatAt,
@@ -54,9 +55,7 @@ const {
   watch,
 } = fs;
 
-const ESRCH = osc.errno.ESRCH;
 const FD_PREFIX = "/proc/self/fd/";
-const EPERM = osc.errno.EPERM;
 const isBun = typeof (globalThis as { Bun?: unknown }).Bun !== "undefined";
 
 let hostnameCache: string | undefined;
@@ -232,13 +231,7 @@ export const platform: Platform = {
     // Through libc where the *at() path is bound: process.kill throws an
     // exception per dead PID, and costs ~0.2 µs more a call.
     const l = ffi();
-    if (l) {
-      if (l.kill(pid, 0) === 0) return "alive";
-      const errno = l.errno();
-      if (errno === ESRCH) return "dead";
-      if (errno === EPERM) return "alive";
-      return "unknown";
-    }
+    if (l) return killLiveness(l.kill(pid, 0), () => l.errno());
     try {
       process.kill(pid, 0);
       return "alive";
