@@ -281,6 +281,55 @@ describe("watch()", () => {
     }
   });
 
+  test("300 runs of 30 ms, 8 at a time, in 73 directories watched recursively: each one reported started, then released", async () => {
+    const { dir, cleanup } = tempDir();
+    const dirs = 73;
+    const runs = 300;
+    for (let k = 0; k < dirs; k++) mkdirSync(join(dir, `d${k}`));
+    const w = new Watching(dir, { recursive: true });
+    try {
+      assert.deepEqual(await w.batch(), []);
+      const child = new Child("short_runs.ts", [
+        dir,
+        String(dirs),
+        String(runs),
+        "8",
+        "30",
+      ]);
+      try {
+        assert.equal((await child.expect("done")).runs, runs);
+      } finally {
+        await child.kill();
+      }
+      // A run after them all: once it is reported, nothing of theirs can
+      // still be on its way.
+      await using sentinel = await acquire(join(dir, "sentinel"));
+      await w.until(has(sentinel.path, "started"));
+      const count = (kind: ChangeKind) =>
+        w.changes.filter((c) => c.kind === kind && c.path !== sentinel.path)
+          .length;
+      assert.deepEqual(
+        { started: count("started"), released: count("released") },
+        { started: runs, released: runs },
+      );
+      for (let k = 0; k < dirs; k++) {
+        const kinds = w.kinds(join(dir, `d${k}`, "run.lock"));
+        const expected = Math.floor(runs / dirs) + (k < runs % dirs ? 1 : 0);
+        assert.deepEqual(
+          kinds,
+          Array.from(
+            { length: 2 * expected },
+            (_, i) => i % 2 === 0 ? "started" : "released",
+          ),
+          `d${k}`,
+        );
+      }
+    } finally {
+      await w.close();
+      cleanup();
+    }
+  });
+
   test("a watcher short of descriptors (ulimit -n 64) reports each of 100 runs started, then crashed, and lives on: a look that finds no descriptor is looked at again, and the kept ones leave the runtime some", async () => {
     const { dir, cleanup } = tempDir();
     const n = 100;

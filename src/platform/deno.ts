@@ -28,6 +28,7 @@ import {
 } from "./types.ts";
 import { checkPlatform } from "./_supported.ts";
 import { killLiveness, linkedDir } from "./_proc.ts";
+import { watchPath } from "./_watch_deno.ts";
 
 // Here, before anything else runs: the only platform the tests run on.
 checkPlatform(Deno.build.os, Deno.build.arch);
@@ -72,11 +73,6 @@ function sysError(err: unknown, syscall: string, path: string): SysError {
 
 // No node: imports in this file: the first one makes Deno load its Node
 // compatibility layer, which adds about 15 ms to every program's start.
-
-/** The last component of a path. */
-function basename(path: string): string {
-  return path.slice(path.lastIndexOf("/") + 1);
-}
 
 /** The directory part of a path; node:path's dirname is slow on the hot path. */
 function parent(path: string): string {
@@ -406,101 +402,6 @@ class DenoHandle implements Handle {
     } catch {
       // Already closed: close is idempotent for callers.
     }
-  }
-}
-
-/**
- * Deno's watches share one watcher per process, which counts the paths it
- * watches: a `Deno.watchFs` of a path that is still watched, or whose
- * watch was closed earlier in the same turn of the event loop (the close
- * is processed after), arms nothing new. Where the file at the path was
- * replaced since that watch was armed, the new watch reports nothing: 0
- * events of 3 (an open for writing, its close, the unlink), and 3 of 3
- * with one 0 ms timer between the close and the new watch, or with no
- * replacement. So a watch of a path is refused while a watch of it armed
- * on another identity (`dev:ino`) is open, and until a timer's turn after
- * the close of its last watch, if the identity differs or the path is not
- * a directory (ext4 gives a new file the inode number of one just freed:
- * a file's identity cannot tell). The caller looks, and asks again at its
- * next sleep.
- */
-const watchedPaths = new Map<string, { key: string; open: number }>();
-const closedThisTurn = new Map<string, string>();
-let clearing: (() => void) | undefined;
-
-/** Whether a `Deno.watchFs` of `path` (now `key`) would arm a watch. */
-function mayArm(path: string, key: string): boolean {
-  const armedKey = watchedPaths.get(path)?.key;
-  if (armedKey !== undefined && armedKey !== key) return false;
-  const closed = closedThisTurn.get(path);
-  return closed === undefined || (closed === key && key.startsWith("d"));
-}
-
-function armed(path: string, key: string): void {
-  const entry = watchedPaths.get(path);
-  if (entry === undefined) watchedPaths.set(path, { key, open: 1 });
-  else entry.open++;
-}
-
-function disarm(path: string, watcher: Deno.FsWatcher): void {
-  const entry = watchedPaths.get(path);
-  if (entry !== undefined && --entry.open === 0) {
-    watchedPaths.delete(path);
-    closedThisTurn.set(path, entry.key);
-  }
-  clearing ??= platform.unrefLater(() => {
-    clearing = undefined;
-    closedThisTurn.clear();
-  }, 0);
-  try {
-    watcher.close();
-  } catch {
-    // Already closed.
-  }
-}
-
-/** `path` with every symlink resolved, or `undefined` if it cannot be. */
-function realPath(path: string): string | undefined {
-  try {
-    return Deno.realPathSync(path);
-  } catch {
-    return undefined;
-  }
-}
-
-/** Reads `watcher`'s events into `onChange` until it closes or fails. */
-function read(
-  watcher: Deno.FsWatcher,
-  onChange: (name: string, moved: boolean) => void,
-): void {
-  (async () => {
-    try {
-      for await (const event of watcher) {
-        if (event.flag === "rescan") {
-          // A lapse: events were lost, any entry may have changed.
-          onChange("", false);
-          continue;
-        }
-        const moved = event.kind !== "modify" && event.kind !== "access";
-        for (const path of event.paths) onChange(basename(path), moved);
-      }
-    } catch {
-      // Closed or failed: the caller keeps polling.
-    }
-  })();
-}
-
-/**
- * The identity of the directory at `path` now (`d` and `dev:ino`), of a
- * symlink (`l`...), of another file (`f`...), or `""`.
- */
-function identityAt(path: string): string {
-  try {
-    const s = Deno.lstatSync(path);
-    const kind = s.isDirectory ? "d" : s.isSymlink ? "l" : "f";
-    return `${kind}${s.dev}:${s.ino}`;
-  } catch {
-    return "";
   }
 }
 
@@ -851,35 +752,12 @@ export const platform: Platform = {
     // A Deno watcher (Deno.watchFs, or node:fs.watch even with
     // persistent: false) keeps the process alive: measured on 2.9.6.
     if (!keepAlive) return undefined;
-    let key: string;
-    let watcher: Deno.FsWatcher;
-    let path = dir;
     try {
       need("read", dir, "watch");
-      key = identityAt(dir);
-      if (key.startsWith("l") || key.startsWith("d")) {
-        // A directory is watched by its real path: Deno's watcher keeps one
-        // inotify watch per inode and counts its paths, so closing the
-        // watch of one path of a directory (a symlink to it) silenced every
-        // other watch of it for good (2.9.6: watch() then saw no run start
-        // or end there). Watches of one path Deno counts itself.
-        const real = realPath(dir);
-        const k = real === undefined ? "" : identityAt(real);
-        if (k.startsWith("d")) [path, key] = [real!, k];
-      }
-      if (!mayArm(path, key)) return undefined;
-      watcher = Deno.watchFs(path, { recursive: false });
+      return watchPath(dir, onChange);
     } catch {
       return undefined;
     }
-    armed(path, key);
-    read(watcher, onChange);
-    let closed = false;
-    return () => {
-      if (closed) return;
-      closed = true;
-      disarm(path, watcher);
-    };
   },
 
   watchClose(): undefined {

@@ -1,0 +1,312 @@
+/**
+ * Deno's watches of directories and files, over `Deno.watchFs`.
+ *
+ * Deno keeps one notify watcher per process and offers each event to every
+ * open `FsWatcher`, matching it against each of that watcher's paths (two
+ * canonicalizations apiece) and dropping it where that watcher's queue of
+ * 16 is full. With one watcher per directory, 8 runs at a time over 73
+ * directories reached `watch()` for 48 to 56 runs of 300; with one watcher
+ * over the 73 directories, for 300 of 300 (2.9.6). So every directory is
+ * watched by one shared watcher, whose events go to the listeners of their
+ * directory. A file (a waiter's watch of its holder's file) has a watcher
+ * of its own: files come and go, and a path leaves a watcher only with it.
+ *
+ * Deno counts the watchers of each path and arms a path (an inotify watch)
+ * only when its count is 0; a closed watcher's counts drop a turn later,
+ * when its pending read ends. A watch of a path whose watch closed in the
+ * same turn, where the file at the path was replaced since, reported 0
+ * events of 3 (an open for writing, its close, the unlink), and 3 of 3 a
+ * timer's turn later. Hence:
+ * - a directory is added by opening a watcher over all of them before the
+ *   old one is closed (every old path stays counted, and armed);
+ * - a directory whose path now names another one is re-armed from nothing:
+ *   close, a timer's turn, open over every directory that has listeners,
+ *   whose listeners are then told that events may have been lost; a watch
+ *   asked for meanwhile is refused (the caller looks, and asks again at its
+ *   next sleep);
+ * - a file's watch is refused while one armed on another identity is open,
+ *   and until a timer's turn after the close of its last watch (ext4 gives
+ *   a new file the inode number of one just freed: identity cannot tell).
+ * @module
+ */
+
+/** Told an entry's name when it changes; `""`: events may have been lost. */
+export type Listener = (name: string, moved: boolean) => void;
+
+/**
+ * Calls `listener` with the name of each entry of directory `dir` that
+ * changes, or with the file's own name for a file, until the returned
+ * function is called; `undefined` where no watch can be armed now.
+ */
+export function watchPath(
+  dir: string,
+  listener: Listener,
+): (() => void) | undefined {
+  let path = dir;
+  let key = identityOf(dir);
+  if (key.startsWith("l") || key.startsWith("d")) {
+    // By its real path: Deno's watcher keeps one inotify watch per inode
+    // and counts its paths, so closing the watch of one path of a
+    // directory (a symlink to it) silenced every other watch of it for
+    // good (2.9.6).
+    const real = realPath(dir);
+    const k = real === undefined ? "" : identityOf(real);
+    if (k.startsWith("d")) [path, key] = [real!, k];
+  }
+  return key.startsWith("d")
+    ? dirs.watch(path, key, listener)
+    : watchFile(path, key, listener);
+}
+
+// --- directories: one watcher --------------------------------------------
+
+interface DirEntry {
+  /** The identity (`d` and `dev:ino`) the path was armed on; `""`: gone. */
+  key: string;
+  readonly listeners: Set<Listener>;
+}
+
+class Directories {
+  /**
+   * Every path in the current watcher, with its listeners (none: the path
+   * stays until a re-arm, as a path cannot leave a watcher alone).
+   */
+  readonly #entries = new Map<string, DirEntry>();
+  #current: Deno.FsWatcher | undefined;
+  /** A re-arm is waiting for its timer's turn. */
+  #rearming = false;
+  /** False from the close of the watcher until a timer's turn after. */
+  #settled = true;
+
+  watch(
+    path: string,
+    key: string,
+    listener: Listener,
+  ): (() => void) | undefined {
+    let entry = this.#entries.get(path);
+    if (entry !== undefined && entry.key !== key) {
+      this.#rearm();
+      return undefined;
+    }
+    if (this.#rearming) return undefined;
+    if (entry === undefined) {
+      if (this.#current === undefined && !this.#settled) return undefined;
+      entry = { key, listeners: new Set() };
+      this.#entries.set(path, entry);
+      try {
+        this.#open();
+      } catch {
+        this.#entries.delete(path);
+        return undefined;
+      }
+    } else if (this.#current === undefined) {
+      this.#rearm();
+      return undefined;
+    }
+    entry.listeners.add(listener);
+    const own = entry;
+    let closed = false;
+    return () => {
+      if (closed) return;
+      closed = true;
+      own.listeners.delete(listener);
+      for (const e of this.#entries.values()) if (e.listeners.size > 0) return;
+      // No listener is left: nothing may keep the process alive.
+      this.#entries.clear();
+      this.#shut();
+    };
+  }
+
+  /** Opens a watcher over every path, then closes the one it replaces. */
+  #open(): void {
+    const paths = [...this.#entries.keys()];
+    const watcher = Deno.watchFs(paths, { recursive: false });
+    const old = this.#current;
+    this.#current = watcher;
+    this.#read(watcher);
+    // The old one's queued events are read in the meantime.
+    if (old !== undefined) setTimeout(() => close(old), 0);
+  }
+
+  /** Re-arms the paths with listeners from nothing, after a timer's turn. */
+  #rearm(): void {
+    if (this.#rearming) return;
+    this.#rearming = true;
+    this.#shut();
+    setTimeout(() => {
+      this.#rearming = false;
+      for (const [path, entry] of this.#entries) {
+        entry.key = identityOf(path);
+        if (entry.listeners.size === 0 || !entry.key.startsWith("d")) {
+          this.#entries.delete(path);
+        }
+      }
+      if (this.#entries.size === 0) return;
+      try {
+        this.#open();
+      } catch {
+        // Listeners keep their own looks; a later watch tries again.
+      }
+      this.#lapse();
+    }, 0);
+  }
+
+  #shut(): void {
+    const old = this.#current;
+    this.#current = undefined;
+    if (old === undefined) return;
+    close(old);
+    this.#settled = false;
+    Deno.unrefTimer(setTimeout(() => this.#settled = true, 0));
+  }
+
+  /** Tells every listener that events may have been lost. */
+  #lapse(): void {
+    for (const entry of this.#entries.values()) {
+      for (const listener of entry.listeners) tell(listener, "", false);
+    }
+  }
+
+  /** Hands `watcher`'s events to their listeners until it ends. */
+  #read(watcher: Deno.FsWatcher): void {
+    (async () => {
+      try {
+        for await (const event of watcher) {
+          if (event.flag === "rescan") {
+            this.#lapse();
+            continue;
+          }
+          const moved = event.kind !== "modify" && event.kind !== "access";
+          for (const path of event.paths) this.#dispatch(path, moved);
+        }
+      } catch {
+        // Closed, or failed.
+      }
+      // Ended, not by a close of ours.
+      if (watcher === this.#current) {
+        this.#current = undefined;
+        this.#rearm();
+      }
+    })();
+  }
+
+  /**
+   * Hands an event at `path` to the listeners of its directory, and to
+   * those of `path` itself (a watched directory's own removal or rename).
+   */
+  #dispatch(path: string, moved: boolean): void {
+    const slash = path.lastIndexOf("/");
+    const name = path.slice(slash + 1);
+    const self = this.#entries.get(path);
+    if (self !== undefined) {
+      for (const listener of self.listeners) tell(listener, name, moved);
+      // Gone or replaced: the next watch of the path re-arms it.
+      if (moved && identityOf(path) !== self.key) self.key = "";
+    }
+    const dir = this.#entries.get(slash === 0 ? "/" : path.slice(0, slash));
+    if (dir === undefined) return;
+    for (const listener of dir.listeners) tell(listener, name, moved);
+  }
+}
+
+const dirs = new Directories();
+
+// --- files: a watcher each -----------------------------------------------
+
+const watchedFiles = new Map<string, { key: string; open: number }>();
+const closedThisTurn = new Map<string, string>();
+let clearing = false;
+
+function watchFile(
+  path: string,
+  key: string,
+  listener: Listener,
+): (() => void) | undefined {
+  const armedKey = watchedFiles.get(path)?.key;
+  if (armedKey !== undefined && armedKey !== key) return undefined;
+  if (closedThisTurn.has(path)) return undefined;
+  let watcher: Deno.FsWatcher;
+  try {
+    watcher = Deno.watchFs(path, { recursive: false });
+  } catch {
+    return undefined;
+  }
+  const entry = watchedFiles.get(path);
+  if (entry === undefined) watchedFiles.set(path, { key, open: 1 });
+  else entry.open++;
+  (async () => {
+    try {
+      for await (const event of watcher) {
+        if (event.flag === "rescan") {
+          tell(listener, "", false);
+          continue;
+        }
+        const moved = event.kind !== "modify" && event.kind !== "access";
+        for (const p of event.paths) {
+          tell(listener, p.slice(p.lastIndexOf("/") + 1), moved);
+        }
+      }
+    } catch {
+      // Closed or failed: the caller keeps looking.
+    }
+  })();
+  let closed = false;
+  return () => {
+    if (closed) return;
+    closed = true;
+    const entry = watchedFiles.get(path);
+    if (entry !== undefined && --entry.open === 0) {
+      watchedFiles.delete(path);
+      closedThisTurn.set(path, entry.key);
+    }
+    if (!clearing) {
+      clearing = true;
+      Deno.unrefTimer(setTimeout(() => {
+        clearing = false;
+        closedThisTurn.clear();
+      }, 0));
+    }
+    close(watcher);
+  };
+}
+
+// --- helpers -------------------------------------------------------------
+
+function close(watcher: Deno.FsWatcher): void {
+  try {
+    watcher.close();
+  } catch {
+    // Already closed.
+  }
+}
+
+function tell(listener: Listener, name: string, moved: boolean): void {
+  try {
+    listener(name, moved);
+  } catch {
+    // One listener's failure is not another's.
+  }
+}
+
+/** `path` with every symlink resolved, or `undefined` if it cannot be. */
+function realPath(path: string): string | undefined {
+  try {
+    return Deno.realPathSync(path);
+  } catch {
+    return undefined;
+  }
+}
+
+/**
+ * The identity of the directory at `path` now (`d` and `dev:ino`), of a
+ * symlink (`l`...), of another file (`f`...), or `""`.
+ */
+function identityOf(path: string): string {
+  try {
+    const s = Deno.lstatSync(path);
+    const kind = s.isDirectory ? "d" : s.isSymlink ? "l" : "f";
+    return `${kind}${s.dev}:${s.ino}`;
+  } catch {
+    return "";
+  }
+}
