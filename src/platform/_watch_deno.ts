@@ -21,9 +21,9 @@
  *   old one is closed (every old path stays counted, and armed);
  * - a directory whose path now names another one is re-armed from nothing:
  *   close, a timer's turn, open over every directory that has listeners,
- *   whose listeners are then told that events may have been lost; a watch
- *   asked for meanwhile is refused (the caller looks, and asks again at its
- *   next sleep);
+ *   whose listeners are then told that events may have been lost (a watch
+ *   asked for meanwhile is armed with them); so are all of them where the
+ *   paths without listeners outnumber those with;
  * - a file's watch is refused while one armed on another identity is open,
  *   and until a timer's turn after the close of its last watch (ext4 gives
  *   a new file the inode number of one just freed: identity cannot tell).
@@ -72,11 +72,13 @@ class Directories {
    * stays until a re-arm, as a path cannot leave a watcher alone).
    */
   readonly #entries = new Map<string, DirEntry>();
+  /** How many entries have listeners. */
+  #live = 0;
   #current: Deno.FsWatcher | undefined;
   /** A re-arm is waiting for its timer's turn. */
   #rearming = false;
-  /** False from the close of the watcher until a timer's turn after. */
-  #settled = true;
+  /** The paths of a watcher closed in this turn, and their identities. */
+  readonly #closed = new Map<string, string>();
 
   watch(
     path: string,
@@ -84,25 +86,33 @@ class Directories {
     listener: Listener,
   ): (() => void) | undefined {
     let entry = this.#entries.get(path);
-    if (entry !== undefined && entry.key !== key) {
-      this.#rearm();
-      return undefined;
-    }
-    if (this.#rearming) return undefined;
     if (entry === undefined) {
-      if (this.#current === undefined && !this.#settled) return undefined;
       entry = { key, listeners: new Set() };
       this.#entries.set(path, entry);
-      try {
-        this.#open();
-      } catch {
-        this.#entries.delete(path);
-        return undefined;
+      if (this.#rearming) {
+        // Armed with the rest, and told of the lapse.
+      } else if (
+        (this.#closed.get(path) ?? key) !== key ||
+        this.#entries.size - this.#live > Math.max(16, this.#live)
+      ) {
+        // The path names another directory than the one whose watch has
+        // yet to drop; or paths without listeners outnumber those with.
+        this.#rearm();
+      } else {
+        try {
+          this.#open();
+        } catch {
+          this.#entries.delete(path);
+          return undefined;
+        }
       }
-    } else if (this.#current === undefined) {
+    } else if (entry.key !== key || this.#current === undefined) {
+      // Another directory now (the inotify watch is the old one's), or no
+      // watcher after a failed re-arm.
+      entry.key = key;
       this.#rearm();
-      return undefined;
     }
+    if (entry.listeners.size === 0) this.#live++;
     entry.listeners.add(listener);
     const own = entry;
     let closed = false;
@@ -110,8 +120,11 @@ class Directories {
       if (closed) return;
       closed = true;
       own.listeners.delete(listener);
-      for (const e of this.#entries.values()) if (e.listeners.size > 0) return;
+      if (own.listeners.size > 0 || this.#entries.get(path) !== own) return;
+      if (--this.#live > 0) return;
       // No listener is left: nothing may keep the process alive.
+      for (const [p, e] of this.#entries) this.#closed.set(p, e.key);
+      Deno.unrefTimer(setTimeout(() => this.#closed.clear(), 0));
       this.#entries.clear();
       this.#shut();
     };
@@ -128,24 +141,30 @@ class Directories {
     if (old !== undefined) setTimeout(() => close(old), 0);
   }
 
-  /** Re-arms the paths with listeners from nothing, after a timer's turn. */
+  /**
+   * Re-arms the paths with listeners from nothing, after a timer's turn,
+   * and tells their listeners that events may have been lost.
+   */
   #rearm(): void {
     if (this.#rearming) return;
     this.#rearming = true;
     this.#shut();
     setTimeout(() => {
       this.#rearming = false;
+      this.#live = 0;
       for (const [path, entry] of this.#entries) {
         entry.key = identityOf(path);
         if (entry.listeners.size === 0 || !entry.key.startsWith("d")) {
+          // Gone: its listeners learn of it from its parent's watch.
           this.#entries.delete(path);
-        }
+        } else this.#live++;
       }
-      if (this.#entries.size === 0) return;
-      try {
-        this.#open();
-      } catch {
-        // Listeners keep their own looks; a later watch tries again.
+      if (this.#entries.size > 0) {
+        try {
+          this.#open();
+        } catch {
+          // A path went meanwhile: the next watch asked for re-arms.
+        }
       }
       this.#lapse();
     }, 0);
@@ -154,10 +173,7 @@ class Directories {
   #shut(): void {
     const old = this.#current;
     this.#current = undefined;
-    if (old === undefined) return;
-    close(old);
-    this.#settled = false;
-    Deno.unrefTimer(setTimeout(() => this.#settled = true, 0));
+    if (old !== undefined) close(old);
   }
 
   /** Tells every listener that events may have been lost. */
@@ -176,8 +192,7 @@ class Directories {
             this.#lapse();
             continue;
           }
-          const moved = event.kind !== "modify" && event.kind !== "access";
-          for (const path of event.paths) this.#dispatch(path, moved);
+          for (const path of event.paths) this.#dispatch(path, event.kind);
         }
       } catch {
         // Closed, or failed.
@@ -194,14 +209,19 @@ class Directories {
    * Hands an event at `path` to the listeners of its directory, and to
    * those of `path` itself (a watched directory's own removal or rename).
    */
-  #dispatch(path: string, moved: boolean): void {
+  #dispatch(path: string, kind: Deno.FsEvent["kind"]): void {
+    const moved = kind !== "modify" && kind !== "access";
     const slash = path.lastIndexOf("/");
     const name = path.slice(slash + 1);
     const self = this.#entries.get(path);
     if (self !== undefined) {
       for (const listener of self.listeners) tell(listener, name, moved);
-      // Gone or replaced: the next watch of the path re-arms it.
-      if (moved && identityOf(path) !== self.key) self.key = "";
+      // Removed, or renamed (a subdirectory renamed away and back was
+      // deaf after, on 2.9.6): the next watch of the path re-arms it.
+      if (
+        kind === "rename" ||
+        kind === "remove" && identityOf(path) !== self.key
+      ) self.key = "";
     }
     const dir = this.#entries.get(slash === 0 ? "/" : path.slice(0, slash));
     if (dir === undefined) return;
