@@ -98,9 +98,17 @@ function straceSkip(on: "node" | "deno" | "any" = "node"): string | false {
 
 interface Traced {
   /** The fixture's JSON lines. */
-  steps: { step: string; ok: boolean; name?: string; state?: string }[];
+  steps: {
+    step: string;
+    ok: boolean;
+    name?: string;
+    state?: string;
+    held?: boolean;
+  }[];
   /** strace -y lines of the file system calls. */
   calls: string[];
+  /** Every line strace wrote. */
+  lines: string[];
 }
 
 const FILE_CALLS = [
@@ -124,13 +132,15 @@ const FILE_CALLS = [
 
 /**
  * Runs fixtures/inject_fixture.ts `mode path` under strace (on Deno with
- * `denoFlags`).
+ * `denoFlags`), tracing `trace` (by default the file system calls that
+ * may fail).
  */
 function traced(
   dir: string,
   mode: string,
   path: string,
   denoFlags?: string[],
+  trace = FILE_CALLS.map((c) => `?${c}`).join(","),
 ): Traced {
   const out = join(dir, `${mode}.trace`);
   const [cmd, args] = fixtureCommand(
@@ -144,16 +154,18 @@ function traced(
     "-o",
     out,
     "-e",
-    `trace=${FILE_CALLS.map((c) => `?${c}`).join(",")}`,
+    `trace=${trace}`,
     "--",
     cmd,
     ...args,
     // A hang detector, not a timing claim: a FIFO must not block the open.
   ], { encoding: "utf8", timeout: 60_000 });
   assert.equal(r.status, 0, `${r.signal ?? ""} ${r.stderr}`);
+  const lines = readFileSync(out, "utf8").split("\n");
   return {
     steps: r.stdout.trim().split("\n").map((l) => JSON.parse(l)),
-    calls: readFileSync(out, "utf8").split("\n").filter((l) => l.includes(dir)),
+    calls: lines.filter((l) => l.includes(dir)),
+    lines,
   };
 }
 
@@ -301,25 +313,15 @@ describe("held() of a lock a live process holds", {
     const path = join(dir, "run.lock");
     const h = await holder(path);
     try {
-      const out = join(dir, "held.trace");
-      const [cmd, args] = fixtureCommand("inject_fixture.ts", ["held", path]);
-      const r = spawnSync("strace", [
-        "-qq",
-        "-y",
-        "-o",
-        out,
-        "-e",
-        "trace=openat,newfstatat,fstat,statx,flock,pread64,read,getpid,kill,close",
-        "--",
-        cmd,
-        ...args,
-      ], { encoding: "utf8", timeout: 60_000 });
-      assert.equal(r.status, 0, r.stderr);
-      assert.deepEqual(
-        r.stdout.trim().split("\n").map((l) => JSON.parse(l).held),
-        [true],
+      const t = traced(
+        dir,
+        "held",
+        path,
+        undefined,
+        "openat,newfstatat,fstat,statx,flock,pread64,read,getpid,kill,close",
       );
-      const lines = readFileSync(out, "utf8").split("\n");
+      assert.deepEqual(t.steps.map((step) => step.held), [true]);
+      const lines = t.lines;
       const open = lines.findIndex((l) =>
         /^openat\(/.test(l) && l.includes(`"${path}"`)
       );

@@ -102,6 +102,40 @@ class Watching {
   }
 }
 
+/**
+ * Runs fixtures/short_runs.ts: `runs` runs of `ms` ms in `dirs`
+ * directories `d<k>` of `dir`, `atOnce` at a time; resolves once all ended.
+ */
+async function shortRuns(
+  dir: string,
+  dirs: number,
+  runs: number,
+  atOnce: number,
+  ms: number,
+): Promise<void> {
+  const child = new Child(
+    "short_runs.ts",
+    [dir, dirs, runs, atOnce, ms].map(String),
+  );
+  try {
+    assert.equal((await child.expect("done")).runs, runs);
+  } finally {
+    await child.kill();
+  }
+}
+
+/**
+ * How many runs `kinds` (one path's changes) shows, asserting that each is
+ * a start followed by its release.
+ */
+function startedThenReleased(kinds: ChangeKind[]): number {
+  kinds.forEach((kind, i) =>
+    assert.equal(kind, i % 2 === 0 ? "started" : "released", `${kinds}`)
+  );
+  assert.equal(kinds.length % 2, 0, `${kinds}`);
+  return kinds.length / 2;
+}
+
 const has = (path: string, kind: ChangeKind) => (changes: Change[]) =>
   changes.some((c) => c.path === path && c.kind === kind);
 
@@ -289,18 +323,7 @@ describe("watch()", () => {
     const w = new Watching(dir, { recursive: true });
     try {
       assert.deepEqual(await w.batch(), []);
-      const child = new Child("short_runs.ts", [
-        dir,
-        String(dirs),
-        String(runs),
-        "8",
-        "30",
-      ]);
-      try {
-        assert.equal((await child.expect("done")).runs, runs);
-      } finally {
-        await child.kill();
-      }
+      await shortRuns(dir, dirs, runs, 8, 30);
       // A run after them all: once it is reported, nothing of theirs can
       // still be on its way.
       await using sentinel = await acquire(join(dir, "sentinel"));
@@ -313,11 +336,7 @@ describe("watch()", () => {
         const kinds = w.kinds(join(dir, `d${k}`, "run.lock"));
         const most = Math.floor(runs / dirs) + (k < runs % dirs ? 1 : 0);
         assert.ok(kinds.length <= 2 * most, `d${k}: ${kinds}`);
-        kinds.forEach((kind, i) =>
-          assert.equal(kind, i % 2 === 0 ? "started" : "released", `d${k}`)
-        );
-        assert.equal(kinds.length % 2, 0, `d${k}: ${kinds}`);
-        seen += kinds.length / 2;
+        seen += startedThenReleased(kinds);
       }
       assert.ok(seen >= runs / 2, `${seen} of ${runs} runs seen`);
     } finally {
@@ -475,27 +494,13 @@ describe("watch()", () => {
       await again.release();
       await w.until(has(again.path, "released"));
       const runs = 10;
-      const child = new Child("short_runs.ts", [
-        dir,
-        "1",
-        String(runs),
-        "1",
-        "150",
-      ]);
-      try {
-        assert.equal((await child.expect("done")).runs, runs);
-      } finally {
-        await child.kill();
-      }
+      await shortRuns(dir, 1, runs, 1, 150);
       await using sentinel = await acquire(join(dir, "other", "sentinel"));
       await w.until(has(sentinel.path, "started"));
-      const kinds = w.kinds(join(sub, "run.lock"));
-      kinds.forEach((kind, i) =>
-        assert.equal(kind, i % 2 === 0 ? "started" : "released", `${kinds}`)
-      );
+      const seen = startedThenReleased(w.kinds(join(sub, "run.lock")));
       // Without a watch of the new directory, its looks come once a
       // second: 150 ms runs 150 ms apart are mostly missed.
-      assert.ok(kinds.length >= runs, `${kinds.length / 2} of ${runs} seen`);
+      assert.ok(seen >= runs / 2, `${seen} of ${runs} seen`);
     } finally {
       await w.close();
       cleanup();

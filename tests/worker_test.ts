@@ -18,6 +18,17 @@ const threadFixture = new URL(
 );
 
 /** A worker_threads worker running the fixture; its messages in order. */
+/**
+ * Waits until no process holds `path` (a thread's descriptors close a
+ * while after it ends on a busy machine), then takes it without waiting.
+ */
+async function takesOnceFree(path: string): Promise<void> {
+  await waitFor(async () => !(await held(path)), "the lock freed");
+  const lock = await acquire(path, { timeout: 0 });
+  assert.equal(lock.isOwned(), true);
+  await lock.release();
+}
+
 function thread(path: string, wait: boolean) {
   const worker = new ThreadWorker(threadFixture, {
     workerData: { path, wait },
@@ -87,10 +98,7 @@ describe("a Worker terminated while it holds a lock", () => {
         // terminate() returns (on a busy machine, a while after): until
         // then this process holds the lock, and an acquire would fail at
         // once (not reentrant). Once it is free, the acquire takes it.
-        await waitFor(async () => !(await held(path)), "the lock freed");
-        const lock = await acquire(path, { timeout: 0 });
-        assert.equal(lock.isOwned(), true);
-        await lock.release();
+        await takesOnceFree(path);
       } finally {
         cleanup();
       }
@@ -114,10 +122,7 @@ describe("node:worker_threads", () => {
         await says("held");
         assert.equal(await held(path), true);
         await worker.terminate();
-        await waitFor(async () => !(await held(path)), "the lock freed");
-        const lock = await acquire(path, { timeout: 0 });
-        assert.equal(lock.isOwned(), true);
-        await lock.release();
+        await takesOnceFree(path);
       } finally {
         cleanup();
       }
