@@ -387,18 +387,14 @@ export class Session implements AsyncIterableIterator<Change[]> {
   }
 
   /**
-   * A directory that is gone (removed, or moved away from its path): its
-   * runs' ends are looked for, and it is watched no more. The top one
-   * ends the iteration once those are reported.
-   */
-  /**
-   * Watches `d` anew, its name having moved (away and back, or another
-   * directory moved over it and away): Deno's watch of a subdirectory
-   * renamed away and back while its parent is watched reports nothing
-   * after (2.9.6: a run started in it was never seen), and a fresh watch,
-   * made after the old one's close has gone through, does (the same for
-   * each subdirectory below it). The re-scan
-   * the event scheduled finds what came in between.
+   * Watches `d` anew, its name having moved while its identity stayed:
+   * removed and made again at once (the new directory got the old one's
+   * inode number: the old watch reported nothing after, on every
+   * runtime), renamed away and back (Deno 2.9.6 reported nothing after),
+   * or another directory moved over it and away. A fresh watch, made after
+   * the old one's close has gone through, reports (the same for each
+   * subdirectory below it). The re-scan the event scheduled finds what
+   * came in between.
    */
   #rearm(d: DirWatch): void {
     // Its subdirectories' watches go deaf with it.
@@ -420,6 +416,11 @@ export class Session implements AsyncIterableIterator<Change[]> {
     }, 5);
   }
 
+  /**
+   * A directory that is gone (removed, or moved away from its path): its
+   * runs' ends are looked for, and it is watched no more. The top one
+   * ends the iteration once those are reported.
+   */
   #drop(d: DirWatch): void {
     if (d.dropped) return;
     d.dropped = true;
@@ -512,7 +513,7 @@ export class Session implements AsyncIterableIterator<Change[]> {
             if (child !== undefined) this.#drop(child);
             d.children.delete(name);
             this.#addChild(d, name);
-          } else if (!closed && p.watchMissesRemoval) this.#rearm(child);
+          } else if (!closed) this.#rearm(child);
           if (!this.#paths.runs.has(path)) continue;
         } else if (child !== undefined) {
           d.children.delete(name);

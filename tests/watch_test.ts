@@ -27,6 +27,7 @@ import {
   delay,
   fixtureCommand,
   holder,
+  runtime,
   tempDir,
 } from "./_helpers.ts";
 
@@ -472,40 +473,71 @@ describe("watch()", () => {
     }
   });
 
-  test("recursive: a subdirectory removed and made again at its path is watched again: most of 10 runs of 150 ms there are seen, each started, then released", async () => {
-    const { dir, cleanup } = tempDir();
-    const sub = join(dir, "d0");
-    mkdirSync(sub);
-    mkdirSync(join(dir, "other"));
-    const w = new Watching(dir, { recursive: true });
-    try {
-      assert.deepEqual(await w.batch(), []);
-      // The watch knows the old directory: a run there is seen.
-      const first = await acquire(join(sub, "first.lock"));
-      await w.until(has(first.path, "started"));
-      await first.release();
-      await w.until(has(first.path, "released"));
-      rmSync(sub, { recursive: true });
-      mkdirSync(sub);
-      // Seen once the watch found the new directory (by a look, if not
-      // by its watch).
-      const again = await acquire(join(sub, "again.lock"));
-      await w.until(has(again.path, "started"));
-      await again.release();
-      await w.until(has(again.path, "released"));
-      const runs = 10;
-      await shortRuns(dir, 1, runs, 1, 150);
-      await using sentinel = await acquire(join(dir, "other", "sentinel"));
-      await w.until(has(sentinel.path, "started"));
-      const seen = startedThenReleased(w.kinds(join(sub, "run.lock")));
-      // Without a watch of the new directory, its looks come once a
-      // second: 150 ms runs 150 ms apart are mostly missed.
-      assert.ok(seen >= runs / 2, `${seen} of ${runs} seen`);
-    } finally {
-      await w.close();
-      cleanup();
-    }
-  });
+  for (const inProcess of [false, true]) {
+    test(
+      `recursive: a subdirectory removed and made again at its path (its runs held in ${
+        inProcess ? "the watching process" : "another process"
+      }) is watched again: 8 or more of 10 runs of 150 ms there are seen, each started, then released`,
+      {
+        // Bun's fs.watch of a path serves a new watch with the watch of the
+        // directory that was there, while any watch of it is open: here the
+        // lock's own watch of its directory (PROTOCOL.md, "Where it does
+        // not hold").
+        skip: inProcess && runtime === "bun",
+      },
+      async () => {
+        const { dir, cleanup } = tempDir();
+        const sub = join(dir, "d0");
+        mkdirSync(sub);
+        mkdirSync(join(dir, "other"));
+        const w = new Watching(dir, { recursive: true });
+        /** A run of `path` that the watch is seen to start and end. */
+        const seenRun = async (path: string) => {
+          if (inProcess) {
+            const lock = await acquire(path);
+            await w.until(has(path, "started"));
+            await lock.release();
+            await w.until(has(path, "released"));
+          } else {
+            const h = await holder(path);
+            await w.until(has(path, "started"));
+            await h.kill("SIGKILL");
+            await w.until(has(path, "crashed"));
+          }
+        };
+        try {
+          assert.deepEqual(await w.batch(), []);
+          // The watch knows the old directory.
+          await seenRun(join(sub, "first.lock"));
+          rmSync(sub, { recursive: true });
+          // At once: the new directory gets the old one's inode number.
+          mkdirSync(sub);
+          // Seen once the watch found the new directory (by a look, if not
+          // by its watch).
+          await seenRun(join(sub, "again.lock"));
+          const runs = 10;
+          if (!inProcess) await shortRuns(dir, 1, runs, 1, 150);
+          else {
+            for (let i = 0; i < runs; i++) {
+              const lock = await acquire(join(sub, "run.lock"));
+              await delay(150);
+              await lock.release();
+            }
+          }
+          await using sentinel = await acquire(join(dir, "other", "sentinel"));
+          await w.until(has(sentinel.path, "started"));
+          const seen = startedThenReleased(w.kinds(join(sub, "run.lock")));
+          // Without a watch of the new directory, its looks come after
+          // other events, or once a second: 4 of these 150 ms runs were
+          // seen so. A busy machine may make a watch miss one or two.
+          assert.ok(seen >= runs - 2, `${seen} of ${runs} seen`);
+        } finally {
+          await w.close();
+          cleanup();
+        }
+      },
+    );
+  }
 
   test("recursive: a subdirectory renamed away and straight back is still watched, and the one inside it: a run started there later is seen, and its crash", async () => {
     const { dir, cleanup } = tempDir();

@@ -216,12 +216,10 @@ class Directories {
     const self = this.#entries.get(path);
     if (self !== undefined) {
       for (const listener of self.listeners) tell(listener, name, moved);
-      // Removed, or renamed (a subdirectory renamed away and back was
-      // deaf after, on 2.9.6): the next watch of the path re-arms it.
-      if (
-        kind === "rename" ||
-        kind === "remove" && identityOf(path) !== self.key
-      ) self.key = "";
+      // Removed (a directory made at once at the path may get its inode
+      // number), or renamed (a subdirectory renamed away and back was deaf
+      // after, on 2.9.6): the next watch of the path re-arms it.
+      if (kind === "rename" || kind === "remove") self.key = "";
     }
     const dir = this.#entries.get(slash === 0 ? "/" : path.slice(0, slash));
     if (dir === undefined) return;
