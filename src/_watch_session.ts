@@ -488,7 +488,10 @@ export class Session implements AsyncIterableIterator<Change[]> {
     const path = within(d.path, stem);
     const run = this.#paths.runs.get(path);
     if (run?.state !== "held") return;
-    if (lstatOf(within(d.path, name)) !== null) return;
+    // Still there, a holder that died between its link and its unlink: the
+    // temp name is then a second name of the run's inode.
+    const temp = lstatOf(within(d.path, name));
+    if (temp !== null && keyOf(temp) !== run.ino) return;
     this.#paths.diedNow(run);
     this.#dirty.set(path, { d, closed: true });
   }

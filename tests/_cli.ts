@@ -9,11 +9,17 @@ import assert from "node:assert/strict";
 import { spawn, spawnSync } from "node:child_process";
 import { readFileSync, writeFileSync } from "node:fs";
 import { createRequire } from "node:module";
-import { join } from "node:path";
 import process from "node:process";
 import { createInterface } from "node:readline";
 import { test } from "node:test";
-import { cliCommand as runtimeCli, delay, runtime } from "./_helpers.ts";
+import {
+  cliCommand as runtimeCli,
+  delay,
+  fixture,
+  runtime,
+} from "./_helpers.ts";
+
+export { fixture };
 import { findPgBin } from "./fixtures/pg_cluster.ts";
 
 /** The runlock command line under test. */
@@ -105,11 +111,6 @@ export function cliIn(env: Record<string, string>, ...args: string[]): Result {
     cwd: cliCwd,
   });
   return { code: r.status, stdout: r.stdout, stderr: r.stderr };
-}
-
-/** A file in tests/fixtures (the .py fixtures are copied as they are). */
-export function fixture(name: string): string {
-  return join(new URL(".", import.meta.url).pathname, "fixtures", name);
 }
 
 /** Starts the CLI in the background; lines of stdout arrive in `lines`. */

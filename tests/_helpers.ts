@@ -37,6 +37,11 @@ export const runtime: "deno" | "node" | "bun" = typeof Deno !== "undefined"
   ? "bun"
   : "node";
 
+/** A file in tests/fixtures (the .py fixtures are copied as they are). */
+export function fixture(name: string): string {
+  return join(here, "fixtures", name);
+}
+
 // Under Deno the fixtures are the .ts sources; under Node and Bun they are
 // the .js files that scripts/build_npm.ts compiled next to these helpers.
 const extension = import.meta.url.endsWith(".ts") ? ".ts" : ".js";

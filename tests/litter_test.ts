@@ -21,15 +21,12 @@ import { acquire, acquireSync } from "../mod.ts";
 import { createInterface } from "node:readline";
 import {
   deadPid,
+  fixture,
   fixtureCommand,
   holder,
   tempDir,
   waitFor,
 } from "./_helpers.ts";
-
-/** A file in tests/fixtures (the .py fixtures are copied as they are). */
-const fixturePath = (name: string) =>
-  join(new URL(".", import.meta.url).pathname, "fixtures", name);
 
 /**
  * The state a process leaves if it is killed between protocol steps 1 and 2:
@@ -46,7 +43,7 @@ async function litter(
   const hex = randomBytes(8).toString("hex");
   const temp = join(dirname(path), `.${basename(path)}.${hex}.tmp`);
   writeFileSync(temp, `99999\nrunlock 1\n`, { flag: "wx" });
-  const holder = spawn("python3", [fixturePath("litter_holder.py"), temp], {
+  const holder = spawn("python3", [fixture("litter_holder.py"), temp], {
     stdio: ["ignore", "pipe", "inherit"],
   });
   const exited = new Promise<void>((resolve) =>

@@ -25,6 +25,7 @@ import {
   Child,
   deadPid,
   delay,
+  fixture,
   fixtureCommand,
   holder,
   runtime,
@@ -231,6 +232,39 @@ describe("watch()", () => {
     } finally {
       await w.close();
       await child.kill();
+      cleanup();
+    }
+  });
+
+  test("a holder killed between its link and its temp name's unlink is crashed, found by its close: before a run started after the kill", async () => {
+    // Deno's directory watch reports a holder's close under the name its
+    // descriptor was opened by, here a temp name that still exists.
+    const { dir, cleanup } = tempDir();
+    const path = join(dir, "job.lock");
+    const later = join(dir, "later.lock");
+    const forged = new Child("", [path, "--keep-temp"], undefined, [
+      "python3",
+      fixture("forged_holder.py"),
+    ]);
+    let w: Watching | undefined;
+    try {
+      assert.equal((await forged.next()).text, "held");
+      w = new Watching(dir);
+      await w.until(has(path, "present"));
+      await forged.kill("SIGKILL");
+      // Its flock went with its exit: a look now finds it crashed.
+      const run = await acquire(later);
+      await w.until(has(later, "started"));
+      await run.release();
+      const order = w.changes.map((c) => `${c.kind} ${c.path}`);
+      assert.ok(
+        order.indexOf(`crashed ${path}`) >= 0 &&
+          order.indexOf(`crashed ${path}`) < order.indexOf(`started ${later}`),
+        order.join("\n"),
+      );
+    } finally {
+      await w?.close();
+      await forged.kill();
       cleanup();
     }
   });
