@@ -241,7 +241,15 @@ export class Session implements AsyncIterableIterator<Change[]> {
     try {
       const pinned = p.openDir(this.#dir);
       try {
-        key = keyOf(pinned.lstat("."));
+        const self = pinned.lstat(".");
+        // Deno's ops pin a file as well (its first create would fail).
+        if (self !== null && self.kind !== "directory") {
+          throw new RunlockError(
+            this.#dir,
+            `${this.#dir}: cannot watch: not a directory`,
+          );
+        }
+        key = keyOf(self);
       } finally {
         pinned.close();
       }
