@@ -122,6 +122,15 @@ export interface Libc {
   kill(pid: number, sig: number): number;
   /** `readlink(path)`, or `undefined` on failure. */
   readlink(path: string): string | undefined;
+  /** `inotify_init1(IN_NONBLOCK | IN_CLOEXEC)`. */
+  inotifyInit(): number;
+  inotifyAddWatch(fd: number, path: string, mask: number): number;
+  inotifyRmWatch(fd: number, wd: number): number;
+  /** `eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)`. */
+  eventfd(): number;
+  read(fd: number, buf: Uint8Array): number;
+  /** `poll(2)` on a thread of Deno's blocking pool, off the event loop. */
+  poll(fds: Uint8Array, nfds: number, ms: number): Promise<number>;
   /** The calling thread's errno, as the last call left it. */
   errno(): number;
 }
@@ -206,6 +215,16 @@ export function libc(): Libc | undefined {
           parameters: ["buffer", "buffer", "usize"],
           result: "isize",
         },
+        inotify_init1: { parameters: [i32], result: i32 },
+        inotify_add_watch: { parameters: [i32, "buffer", "u32"], result: i32 },
+        inotify_rm_watch: { parameters: [i32, i32], result: i32 },
+        eventfd: { parameters: ["u32", i32], result: i32 },
+        read: { parameters: [i32, "buffer", "usize"], result: i32 },
+        poll: {
+          parameters: ["buffer", "u64", i32],
+          result: i32,
+          nonblocking: true,
+        },
         __errno_location: { parameters: [], result: "pointer" },
       } as const,
     );
@@ -267,6 +286,15 @@ export function libc(): Libc | undefined {
         if (n < 0 || n >= linkBuf.length) return undefined;
         return decoder.decode(linkBuf.subarray(0, n));
       },
+      inotifyInit: () => s.inotify_init1(O_NONBLOCK | O_CLOEXEC),
+      inotifyAddWatch(n, path, mask) {
+        const p = cString(path, nameA);
+        return p ? s.inotify_add_watch(n, p, mask) : -1;
+      },
+      inotifyRmWatch: (n, wd) => s.inotify_rm_watch(n, wd),
+      eventfd: () => s.eventfd(0, O_NONBLOCK | O_CLOEXEC),
+      read: (n, buf) => s.read(n, buf, BigInt(buf.length)),
+      poll: (fds, nfds, ms) => s.poll(fds, BigInt(nfds), ms),
       errno,
     };
     if (agrees(candidate)) bound = candidate;

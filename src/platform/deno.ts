@@ -29,6 +29,7 @@ import {
 import { checkPlatform } from "./_supported.ts";
 import { killLiveness, linkedDir } from "./_proc.ts";
 import { watchPath } from "./_watch_deno.ts";
+import { inotifyWatch } from "./_inotify_deno.ts";
 
 // Here, before anything else runs: the only platform the tests run on.
 checkPlatform(Deno.build.os, Deno.build.arch);
@@ -565,11 +566,15 @@ export const platform: Platform = {
   pid: Deno.pid,
   // Before 2.9.0, Deno.watchFs dropped what did not fit its queue of 16
   // events without a word (denoland/deno#35122); since, a lapse is an
-  // event of its own (flag "rescan").
-  watchLosesQuietly: olderThan(2, 9),
+  // event of its own (flag "rescan"). With libc, inotify is read directly.
+  get watchLosesQuietly(): boolean {
+    return at() === null && olderThan(2, 9);
+  },
   // 2.9.6: after a `rm -r` of a watched directory holding two files, one
-  // watch in six reported no event at all.
-  watchMissesRemoval: true,
+  // Deno.watchFs in six reported no event at all.
+  get watchMissesRemoval(): boolean {
+    return at() === null;
+  },
   // Deno.open has no O_NONBLOCK; libc's open is given it.
   get openMayBlock(): boolean {
     return at() === null;
@@ -754,7 +759,9 @@ export const platform: Platform = {
     if (!keepAlive) return undefined;
     try {
       need("read", dir, "watch");
-      return watchPath(dir, onChange);
+      const l = at();
+      const own = l === null ? null : inotifyWatch(l, dir, onChange);
+      return own === null ? watchPath(dir, onChange) : own;
     } catch {
       return undefined;
     }
