@@ -46,10 +46,17 @@ const MOVED = IN_MOVED_FROM | IN_MOVED_TO | IN_CREATE | IN_DELETE |
  * eventfd ends it when the last listener goes.
  */
 const POLL_MS = 30_000;
+/**
+ * Reads of the descriptor per wake-up: writers that outpace the reader
+ * would otherwise keep the event loop in one drain for seconds. The next
+ * poll returns at once while events remain.
+ */
+const READS = 4;
 
-/** A listener, and the last part of the path it asked for. */
+/** A listener, the path it asked for, and that path's last part. */
 interface Watcher {
   readonly call: Listener;
+  readonly path: string;
   readonly base: string;
 }
 
@@ -60,6 +67,7 @@ interface State {
   /** Two `struct pollfd`: the inotify descriptor, the eventfd. */
   readonly fds: Uint8Array;
   readonly byWd: Map<number, Set<Watcher>>;
+  readonly wdOf: Map<Watcher, number>;
   count: number;
   polling: boolean;
 }
@@ -86,28 +94,57 @@ export function inotifyWatch(
   if (s === null) return null;
   const wd = s.libc.inotifyAddWatch(s.fd, path, MASK);
   if (wd < 0) return undefined;
-  let watchers = s.byWd.get(wd);
-  if (watchers === undefined) s.byWd.set(wd, watchers = new Set());
-  const own = watchers;
   // Its own object: one callback passed twice is two listeners.
   const trimmed = path.replace(/\/+$/, "") || "/";
   const watcher: Watcher = {
     call: listener,
+    path,
     base: trimmed.slice(trimmed.lastIndexOf("/") + 1) || trimmed,
   };
-  own.add(watcher);
+  add(s, watcher, wd);
   if (++s.count === 1 && !s.polling) poll(s);
   let stopped = false;
   return () => {
     if (stopped) return;
     stopped = true;
-    own.delete(watcher);
-    if (own.size === 0 && s.byWd.get(wd) === own) {
-      s.byWd.delete(wd);
-      s.libc.inotifyRmWatch(s.fd, wd);
-    }
+    forget(s, watcher);
     if (--s.count === 0 && s.polling) s.libc.write(s.wake, ONE, ONE.length);
   };
+}
+
+/** Takes `watcher` off its watch, removing the watch with its last one. */
+function forget(s: State, watcher: Watcher): void {
+  const wd = s.wdOf.get(watcher);
+  if (wd === undefined) return;
+  s.wdOf.delete(watcher);
+  const watchers = s.byWd.get(wd);
+  if (watchers === undefined || !watchers.delete(watcher)) return;
+  if (watchers.size === 0) {
+    s.byWd.delete(wd);
+    s.libc.inotifyRmWatch(s.fd, wd);
+  }
+}
+
+/**
+ * After an overflow: the kernel's notice that a watch ended (its inode
+ * gone) may be among the events lost, and a directory made again at the
+ * path may have the old one's inode number. So every watch is asked for
+ * again by its path, and a watcher whose path leads elsewhere now moves.
+ */
+function rearm(s: State): void {
+  for (const [watcher, wd] of [...s.wdOf]) {
+    const now = s.libc.inotifyAddWatch(s.fd, watcher.path, MASK);
+    if (now < 0 || now === wd) continue;
+    forget(s, watcher);
+    add(s, watcher, now);
+  }
+}
+
+function add(s: State, watcher: Watcher, wd: number): void {
+  let watchers = s.byWd.get(wd);
+  if (watchers === undefined) s.byWd.set(wd, watchers = new Set());
+  watchers.add(watcher);
+  s.wdOf.set(watcher, wd);
 }
 
 function setUp(libc: Libc): State | null {
@@ -124,7 +161,16 @@ function setUp(libc: Libc): State | null {
   dv.setInt16(4, 1, true); // POLLIN
   dv.setInt32(8, wake, true);
   dv.setInt16(12, 1, true);
-  return { libc, fd, wake, fds, byWd: new Map(), count: 0, polling: false };
+  return {
+    libc,
+    fd,
+    wake,
+    fds,
+    byWd: new Map(),
+    wdOf: new Map(),
+    count: 0,
+    polling: false,
+  };
 }
 
 /** Waits for events while anyone listens, and hands them out. */
@@ -143,9 +189,9 @@ function poll(s: State): void {
   });
 }
 
-/** Reads every queued event and calls the listeners of each. */
+/** Reads queued events (a bounded amount) and calls their listeners. */
 function drain(s: State): void {
-  for (;;) {
+  for (let i = 0; i < READS; i++) {
     const n = s.libc.read(s.fd, buf);
     if (n <= 0) return;
     const dv = new DataView(buf.buffer, 0, n);
@@ -156,9 +202,8 @@ function drain(s: State): void {
       const raw = buf.subarray(at + 16, at + 16 + len);
       at += 16 + len;
       if (mask & IN_Q_OVERFLOW) {
-        for (const watchers of [...s.byWd.values()]) {
-          for (const w of [...watchers]) tell(w.call, "", false);
-        }
+        rearm(s);
+        for (const w of [...s.wdOf.keys()]) tell(w.call, "", false);
         continue;
       }
       const watchers = s.byWd.get(wd);
@@ -168,6 +213,7 @@ function drain(s: State): void {
         // watch. Its listeners learn of it from the event before, or from
         // their parent's watch; the next watch of the path is a new one.
         s.byWd.delete(wd);
+        for (const w of watchers) s.wdOf.delete(w);
         continue;
       }
       const moved = (mask & MOVED) !== 0;
