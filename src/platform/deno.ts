@@ -161,6 +161,10 @@ const IN_WORKER =
   Object.getPrototypeOf(globalThis)?.constructor?.name ===
     "DedicatedWorkerGlobalScope";
 
+// Whether a watch of this process went through Deno.watchFs (no libc, or
+// no inotify descriptor to be had): the flags of its failings hold.
+let viaWatchFs = false;
+
 // libc's *at() calls (`_at_deno.ts`), or null where Deno's ops serve:
 // only with every permission granted, on Linux x86-64 and arm64, outside
 // Workers.
@@ -568,12 +572,12 @@ export const platform: Platform = {
   // events without a word (denoland/deno#35122); since, a lapse is an
   // event of its own (flag "rescan"). With libc, inotify is read directly.
   get watchLosesQuietly(): boolean {
-    return at() === null && olderThan(2, 9);
+    return viaWatchFs && olderThan(2, 9);
   },
   // 2.9.6: after a `rm -r` of a watched directory holding two files, one
   // Deno.watchFs in six reported no event at all.
   get watchMissesRemoval(): boolean {
-    return at() === null;
+    return viaWatchFs;
   },
   // Deno.open has no O_NONBLOCK; libc's open is given it.
   get openMayBlock(): boolean {
@@ -761,7 +765,9 @@ export const platform: Platform = {
       need("read", dir, "watch");
       const l = at();
       const own = l === null ? null : inotifyWatch(l, dir, onChange);
-      return own === null ? watchPath(dir, onChange) : own;
+      if (own !== null) return own;
+      viaWatchFs = true;
+      return watchPath(dir, onChange);
     } catch {
       return undefined;
     }
