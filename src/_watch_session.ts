@@ -601,7 +601,13 @@ export class Session implements AsyncIterableIterator<Change[]> {
       for (const { name, kind } of lockEntries(d.path, entries, this.#skip)) {
         const path = within(d.path, name);
         if (kind === "directory") {
-          if (this.#recursive && !d.children.has(name)) this.#addChild(d, name);
+          if (!this.#recursive) continue;
+          const child = d.children.get(name);
+          // Another directory at the name (made while events were lost):
+          // its watch is dropped by its check; watch the new one.
+          if (child !== undefined && this.#check(child)) continue;
+          d.children.delete(name);
+          this.#addChild(d, name);
           continue;
         }
         const run = this.#paths.runs.get(path);

@@ -10,6 +10,7 @@ import {
   unlinkSync,
   writeFileSync,
 } from "node:fs";
+import { spawnSync } from "node:child_process";
 import { join } from "node:path";
 import { describe, test } from "node:test";
 import {
@@ -268,6 +269,48 @@ describe("watch()", () => {
       cleanup();
     }
   });
+
+  test(
+    "after events were lost (the inotify queue overflowed while the watcher was stopped), a subdirectory renamed away and made again meanwhile is watched again: a run started in it then is reported",
+    {
+      skip: runtime !== "deno" &&
+        "Node's and Bun's fs.watch do not report lost events (PROTOCOL.md, Watching)",
+    },
+    async () => {
+      const { dir, cleanup } = tempDir();
+      const sub = join(dir, "sub");
+      mkdirSync(sub);
+      const watcher = new Child("watcher.ts", ["follow-recursive", dir]);
+      let run: Child | undefined;
+      try {
+        await watcher.expect("first");
+        assert.ok(watcher.signal("SIGSTOP"));
+        // More events than the queue holds (16,384 by default).
+        // Two files in turn: the kernel merges an event equal to the last.
+        const flood = spawnSync("python3", [
+          "-c",
+          "import sys\nfrom os import utime\na, b = sys.argv[1:]\n" +
+          "open(a, 'w').close(); open(b, 'w').close()\n" +
+          "for i in range(10000): utime(a); utime(b)",
+          join(dir, "flood-a"),
+          join(dir, "flood-b"),
+        ]);
+        assert.equal(flood.status, 0, String(flood.stderr));
+        renameSync(sub, `${sub}.old`);
+        mkdirSync(sub);
+        assert.ok(watcher.signal("SIGCONT"));
+        run = await holder(join(sub, "run.lock"));
+        for (;;) {
+          const e = await watcher.expect("change");
+          if (e.kind === "started" && e.path === join(sub, "run.lock")) break;
+        }
+      } finally {
+        await run?.kill();
+        await watcher.kill();
+        cleanup();
+      }
+    },
+  );
 
   test("a holder's file deleted under it is lost (not released) while the holder lives on", async () => {
     const { dir, cleanup } = tempDir();
