@@ -13,7 +13,7 @@ import { lockEntries, type Skipped } from "./_listing.ts";
 import { RACING_SLEEPS } from "./_probe.ts";
 import { LockPermissionError, RunlockError } from "./errors.ts";
 import { platform as p } from "./platform/current.ts";
-import type { SysError } from "./platform/types.ts";
+import type { FileInfo, SysError } from "./platform/types.ts";
 import type { Inspection } from "./probes.ts";
 import { flockFree, keyOf, look, lstatOf } from "./_watch_run.ts";
 import { type DirWatch, type Host, Paths, sleep } from "./_watch_paths.ts";
@@ -641,21 +641,23 @@ export class Session implements AsyncIterableIterator<Change[]> {
   }
 }
 
-/** The error for a top directory that cannot be watched. */
 /**
- * The identity (`dev:ino`) of the directory at `real`, or `""` when none
- * is there. Through its parent first (an lstat: a symlink put in its place
- * is not it); where the parent may not be read (Deno with `--allow-read`
- * for the directory only), by opening the directory itself.
+ * The identity (`dev:ino`) of the directory at `real`, or `""` when no
+ * directory is there (a file or a symlink made in its place may get its
+ * inode number). Through its parent first (an lstat: a symlink put in its
+ * place is not it); where the parent may not be read (Deno with
+ * `--allow-read` for the directory only), by opening the directory itself.
  */
 function dirKeyOf(real: string): string {
+  const dir = (info: FileInfo | null) =>
+    info?.kind === "directory" ? keyOf(info) : "";
   try {
-    return keyOf(p.lstat(real));
+    return dir(p.lstat(real));
   } catch {
     try {
       const pinned = p.openDir(real);
       try {
-        return keyOf(pinned.lstat("."));
+        return dir(pinned.lstat("."));
       } finally {
         pinned.close();
       }
@@ -665,6 +667,7 @@ function dirKeyOf(real: string): string {
   }
 }
 
+/** The error for a top directory that cannot be watched. */
 function topError(err: unknown, dir: string): Error {
   if (err instanceof RunlockError) return err;
   const code = errnoOf(err);
