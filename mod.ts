@@ -37,16 +37,21 @@ export {
   acquireSync,
   type AcquireSyncOptions,
   type Lock,
-} from "./src/lock.ts";
-export { activePid, held, inspect, type Inspection } from "./src/probes.ts";
-export { scan, type ScanOptions } from "./src/scan.ts";
-export type { Skipped } from "./src/_listing.ts";
+} from "./src/file/lock.ts";
+export {
+  activePid,
+  held,
+  inspect,
+  type Inspection,
+} from "./src/file/probes.ts";
+export { scan, type ScanOptions } from "./src/file/scan.ts";
+export type { Skipped } from "./src/file/_listing.ts";
 export {
   type Change,
   type ChangeKind,
   watch,
   type WatchOptions,
-} from "./src/watch.ts";
+} from "./src/file/watch.ts";
 export type { Meta } from "./src/meta.ts";
 export {
   ContendedError,

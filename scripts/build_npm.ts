@@ -327,7 +327,7 @@ const pgModule = join(tscOut, "src", "postgres", "mod.js");
 const versionModule = join(tscOut, "src", "version.js");
 const processModule = join(tscOut, "src", "_process.js");
 const redactModule = join(tscOut, "src", "_redact.js");
-const inheritModule = join(tscOut, "src", "_inherit.js");
+const inheritModule = join(tscOut, "src", "file", "_inherit.js");
 const cliDir = join(tscOut, "src", "cli");
 const cliFiles = [
   join(tscOut, "src", "cli.js"),

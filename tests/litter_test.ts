@@ -76,7 +76,7 @@ function fill(dir: string, n: number): void {
   ]);
   assert.equal(made.status, 0, String(made.stderr));
   // More than one ext4 block (tmpfs, btrfs: more names than one holds):
-  // the acquire does not list it (src/_sweep.ts, SMALL_DIR_BYTES).
+  // the acquire does not list it (src/file/_sweep.ts, SMALL_DIR_BYTES).
   assert.ok(statSync(dir).size > 4096, `${dir} is still small`);
 }
 

@@ -11,7 +11,7 @@
 
 import { hostname } from "node:os";
 import { acquire, type AcquireOptions, HeldError, inspect } from "../../mod.ts";
-import { CHILD_OPTION } from "../_inherit.ts";
+import { CHILD_OPTION } from "../file/_inherit.ts";
 import { UsageError } from "./_args.ts";
 import type { Info } from "./_format.ts";
 import { checkLockPath } from "./_paths.ts";

@@ -15,7 +15,7 @@ import {
   type Descriptor,
   type Inheritable,
   NAME_CHILD,
-} from "../_inherit.ts";
+} from "../file/_inherit.ts";
 
 /**
  * The descriptor number that holds `lock`'s flock in this process;

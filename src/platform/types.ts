@@ -1,7 +1,7 @@
 /**
  * The small platform interface that the protocol core talks to.
  *
- * The core (`src/_protocol.ts` and friends) never touches `Deno.*`,
+ * The core (`src/file/_protocol.ts` and friends) never touches `Deno.*`,
  * `node:fs` or FFI: every system call goes through a {@linkcode Platform}.
  * One file per runtime implements it; the build swaps `current.ts`.
  *

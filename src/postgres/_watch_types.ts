@@ -1,6 +1,6 @@
 // The options and results of PgLocks.scan() and PgLocks.watch(),
 // re-exported by types.ts and mod.ts.
-import type { ChangeKind } from "../watch.ts";
+import type { ChangeKind } from "../file/watch.ts";
 import type { PgInspection } from "./types.ts";
 // deno-lint-ignore no-unused-vars
 import type { PgLocks } from "./types.ts";

@@ -19,7 +19,7 @@ export interface Descriptor {
 
 /**
  * The key of acquire's option (`true`) that reserves the record's `child=`
- * line (`CHILD_LINE` in src/record.ts) for the command's PID.
+ * line (`CHILD_LINE` in src/file/record.ts) for the command's PID.
  */
 export const CHILD_OPTION: unique symbol = Symbol.for("runlock.child.v1");
 

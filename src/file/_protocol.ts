@@ -15,15 +15,15 @@ import {
   LockPermissionError,
   RunlockError,
   UnsupportedFilesystemError,
-} from "./errors.ts";
-import { platform as p } from "./platform/current.ts";
+} from "../errors.ts";
+import { platform as p } from "../platform/current.ts";
 import {
   type Dir,
   type FileInfo,
   type Handle,
   type Liveness,
   SysError,
-} from "./platform/types.ts";
+} from "../platform/types.ts";
 import { MAX_PID, MAX_RECORD_BYTES } from "./record.ts";
 
 /** Attempts in one acquire loop before giving up as contended. */

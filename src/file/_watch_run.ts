@@ -9,8 +9,8 @@
 import { errnoOf, lockPath, type Probe } from "./_protocol.ts";
 import { TEMP_NAME } from "./_record_here.ts";
 import { probe } from "./_probe.ts";
-import { platform as p } from "./platform/current.ts";
-import type { FileInfo, Handle } from "./platform/types.ts";
+import { platform as p } from "../platform/current.ts";
+import type { FileInfo, Handle } from "../platform/types.ts";
 import { type Inspection, toInspection } from "./probes.ts";
 
 /** What a look at a path found. */

@@ -10,9 +10,9 @@ import {
   HeldError,
   InvalidLockFileError,
   LockPermissionError,
-} from "./errors.ts";
-import { platform as p } from "./platform/current.ts";
-import { type FileInfo, type Handle, SysError } from "./platform/types.ts";
+} from "../errors.ts";
+import { platform as p } from "../platform/current.ts";
+import { type FileInfo, type Handle, SysError } from "../platform/types.ts";
 import { MAX_RECORD_BYTES, parseRecord } from "./record.ts";
 import {
   childHolds,

@@ -7,7 +7,7 @@
 
 import { within } from "./_protocol.ts";
 import { TEMP_NAME } from "./_record_here.ts";
-import { platform as p } from "./platform/current.ts";
+import { platform as p } from "../platform/current.ts";
 
 /**
  * An entry that {@linkcode scan} or {@linkcode watch} did not look at,

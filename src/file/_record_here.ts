@@ -9,7 +9,7 @@
  * @module
  */
 
-import { platform as p } from "./platform/current.ts";
+import { platform as p } from "../platform/current.ts";
 import { formatRecord, MARKER_WORD, MAX_PID, recordHead } from "./record.ts";
 
 const encoder = new TextEncoder();

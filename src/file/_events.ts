@@ -15,8 +15,8 @@
  * @module
  */
 
-import { platform as p } from "./platform/current.ts";
-import type { Dir } from "./platform/types.ts";
+import { platform as p } from "../platform/current.ts";
+import type { Dir } from "../platform/types.ts";
 
 /** What an event tells a listener: whether its name was (re)moved or created. */
 export type OnEvent = (moved: boolean) => void;

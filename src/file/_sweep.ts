@@ -13,8 +13,8 @@
  * @module
  */
 
-import { platform as p } from "./platform/current.ts";
-import type { Dir, Handle } from "./platform/types.ts";
+import { platform as p } from "../platform/current.ts";
+import type { Dir, Handle } from "../platform/types.ts";
 import { MAX_RECORD_BYTES, parseRecord } from "./record.ts";
 import { sameFile, type Target } from "./_protocol.ts";
 import { TEMP, tempStem } from "./_record_here.ts";

@@ -33,17 +33,17 @@ import {
 } from "./_inherit.ts";
 import { probe } from "./_probe.ts";
 import { every, type Tick } from "./_timer.ts";
-import { fileKey, listen, type Listener, listenFile } from "./_watch.ts";
-import { ContendedError, HeldError, LockLostError } from "./errors.ts";
-import { checkMeta, type Meta } from "./meta.ts";
+import { fileKey, listen, type Listener, listenFile } from "./_events.ts";
+import { ContendedError, HeldError, LockLostError } from "../errors.ts";
+import { checkMeta, type Meta } from "../meta.ts";
 import {
   CHILD_LINE,
   childDigits,
   MAX_RECORD_BYTES,
   metaLines,
 } from "./record.ts";
-import { platform as p } from "./platform/current.ts";
-import type { FileInfo, Handle } from "./platform/types.ts";
+import { platform as p } from "../platform/current.ts";
+import type { FileInfo, Handle } from "../platform/types.ts";
 
 /**
  * Options for {@linkcode acquireSync}; {@linkcode acquire} also takes a
@@ -228,7 +228,7 @@ class RunLock implements Lock {
 
   /**
    * The descriptor that holds the flock, while held: `runlock run` hands it
-   * to its command (src/_inherit.ts). Not part of the public API.
+   * to its command (src/file/_inherit.ts). Not part of the public API.
    */
   [DESCRIPTOR](): Descriptor | undefined {
     if (this.#handle === undefined) return undefined;
@@ -619,7 +619,7 @@ function check(options: AcquireSyncOptions | undefined): Checked {
     );
   }
   const meta = checkMeta(options?.meta);
-  // runlock run's own option (src/_inherit.ts): a `child=` line to fill in.
+  // runlock run's own option (src/file/_inherit.ts): a `child=` line to fill in.
   const child =
     (options as { [CHILD_OPTION]?: unknown } | undefined)?.[CHILD_OPTION] ===
         true

@@ -4,9 +4,9 @@
  * @module
  */
 
-import { platform as p } from "./platform/current.ts";
-import type { InvalidLockFileError, RunlockError } from "./errors.ts";
-import { type Dir, type Handle, SysError } from "./platform/types.ts";
+import { platform as p } from "../platform/current.ts";
+import type { InvalidLockFileError, RunlockError } from "../errors.ts";
+import { type Dir, type Handle, SysError } from "../platform/types.ts";
 import { MAX_RECORD_BYTES, parseRecord } from "./record.ts";
 import {
   childHolds,

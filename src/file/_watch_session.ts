@@ -1,7 +1,7 @@
 /**
  * One {@linkcode watch} iteration: the async iterator protocol, the
  * directory watches and their events, and the re-scan. The runs and the
- * decision of each change are `src/_watch_paths.ts`'s; `src/watch.ts` has
+ * decision of each change are `src/file/_watch_paths.ts`'s; `src/file/watch.ts` has
  * the contract.
  *
  * @module
@@ -11,9 +11,9 @@ import { errnoOf, grants, within } from "./_protocol.ts";
 import { TEMP_NAME } from "./_record_here.ts";
 import { lockEntries, type Skipped } from "./_listing.ts";
 import { RACING_SLEEPS } from "./_probe.ts";
-import { LockPermissionError, RunlockError } from "./errors.ts";
-import { platform as p } from "./platform/current.ts";
-import type { FileInfo, SysError } from "./platform/types.ts";
+import { LockPermissionError, RunlockError } from "../errors.ts";
+import { platform as p } from "../platform/current.ts";
+import type { FileInfo, SysError } from "../platform/types.ts";
 import type { Inspection } from "./probes.ts";
 import { flockFree, keyOf, look, lstatOf } from "./_watch_run.ts";
 import { type DirWatch, type Host, Paths, sleep } from "./_watch_paths.ts";

@@ -10,9 +10,9 @@
 import type { Probe } from "./_protocol.ts";
 import { tempStem } from "./_record_here.ts";
 import { RACING_SLEEPS } from "./_probe.ts";
-import { platform as p } from "./platform/current.ts";
+import { platform as p } from "../platform/current.ts";
 import { MAX_RECORD_BYTES, parseRecord } from "./record.ts";
-import type { Handle } from "./platform/types.ts";
+import type { Handle } from "../platform/types.ts";
 import type { Inspection } from "./probes.ts";
 import {
   acquiring,

@@ -11,8 +11,8 @@
 
 import { elsewhere, type LockPath, lockPath, type Probe } from "./_protocol.ts";
 import { probe, probeSteps } from "./_probe.ts";
-import { InvalidLockFileError } from "./errors.ts";
-import { platform as p } from "./platform/current.ts";
+import { InvalidLockFileError } from "../errors.ts";
+import { platform as p } from "../platform/current.ts";
 
 /**
  * What {@linkcode inspect} found at a lock path.

@@ -8,8 +8,8 @@
 import { errnoOf, lockPath, type Probe, within } from "./_protocol.ts";
 import { lockEntries, type Skipped } from "./_listing.ts";
 import { probe, RACING_SLEEPS } from "./_probe.ts";
-import { LockPermissionError, RunlockError } from "./errors.ts";
-import { platform as p } from "./platform/current.ts";
+import { LockPermissionError, RunlockError } from "../errors.ts";
+import { platform as p } from "../platform/current.ts";
 import { type Inspection, toInspection } from "./probes.ts";
 
 /**

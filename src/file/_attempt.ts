@@ -6,9 +6,9 @@
  * @module
  */
 
-import { ContendedError, RunlockError } from "./errors.ts";
-import { platform as p } from "./platform/current.ts";
-import type { Dir, FileInfo, Handle } from "./platform/types.ts";
+import { ContendedError, RunlockError } from "../errors.ts";
+import { platform as p } from "../platform/current.ts";
+import type { Dir, FileInfo, Handle } from "../platform/types.ts";
 import {
   type Acquired,
   errnoOf,

@@ -11,7 +11,7 @@
  * @module
  */
 
-import { platform as p } from "./platform/current.ts";
+import { platform as p } from "../platform/current.ts";
 
 /** A registered periodic call; {@linkcode Tick.stop} removes it. */
 export class Tick {
