@@ -9,17 +9,18 @@
 import { ContendedError, RunlockError } from "../errors.ts";
 import { platform as p } from "../platform/current.ts";
 import type { Dir, FileInfo, Handle } from "../platform/types.ts";
+import { mapError } from "./_error_map.ts";
 import {
   type Acquired,
   errnoOf,
   type HeldBy,
   type LockPath,
-  mapError,
   MAX_ATTEMPTS,
   sameFile,
   type Target,
 } from "./_protocol.ts";
-import { recordBytes, type RecordTemplate, tempName } from "./_record_here.ts";
+import { recordBytes, type RecordTemplate } from "./_record_here.ts";
+import { tempName } from "./_temp_name.ts";
 import { contend, contendReadOnly } from "./_contend.ts";
 import { sweepAfter } from "./_sweep.ts";
 

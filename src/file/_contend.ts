@@ -14,21 +14,22 @@ import {
 import { platform as p } from "../platform/current.ts";
 import { type FileInfo, type Handle, SysError } from "../platform/types.ts";
 import { MAX_RECORD_BYTES, parseRecord } from "./record.ts";
+import { invalidOpen, mapError, unreadable } from "./_error_map.ts";
 import {
   childHolds,
   elsewhere,
-  errnoOf,
   foreignAlive,
-  type HeldBy,
   heldHere,
-  invalidOpen,
   liveness,
-  mapError,
+} from "./_liveness.ts";
+import {
+  errnoOf,
+  type HeldBy,
   sameFile,
   type Target,
-  unreadable,
   within,
 } from "./_protocol.ts";
+import { fileWatchKey } from "./_events.ts";
 
 /** What contend() decided. */
 export type Verdict =
@@ -153,7 +154,7 @@ function holderOf(target: Target, handle: Handle, ours: FileInfo): Verdict {
   // What a waiter's first look would see: spare it the open (its flock
   // is asked of this descriptor, which the waiter closes).
   if (record.kind === "runlock" && live === "alive") {
-    const key = `f${ours.dev}:${ours.ino}`;
+    const key = fileWatchKey(ours);
     return {
       kind: "held",
       held: { pid, host, started, key, kept: handle },

@@ -16,7 +16,8 @@
  */
 
 import { platform as p } from "../platform/current.ts";
-import type { Dir } from "../platform/types.ts";
+import type { Dir, FileInfo } from "../platform/types.ts";
+import { inodeKey, within } from "./_protocol.ts";
 
 /** What an event tells a listener: whether its name was (re)moved or created. */
 export type OnEvent = (moved: boolean) => void;
@@ -163,7 +164,7 @@ export function listen(
     return undefined;
   }
   if (self === null) return undefined;
-  return join(`${self.dev}:${self.ino}`, dir.prefix, name, onEvent, keepAlive);
+  return join(inodeKey(self), dir.prefix, name, onEvent, keepAlive);
 }
 
 /**
@@ -189,17 +190,25 @@ export function listenFile(
     return undefined;
   }
   if (file === null) return "ENOENT";
-  const path = dir.prefix.endsWith("/")
-    ? dir.prefix + name
-    : `${dir.prefix}/${name}`;
-  return join(`f${file.dev}:${file.ino}`, path, name, onEvent, true);
+  return join(
+    fileWatchKey(file),
+    within(dir.prefix, name),
+    name,
+    onEvent,
+    true,
+  );
+}
+
+/** The key of a file's watch: its identity, apart from directories'. */
+export function fileWatchKey(file: FileInfo): string {
+  return "f" + inodeKey(file);
 }
 
 /** The identity `listenFile` would watch for `name` now, or `""`. */
 export function fileKey(dir: Dir, name: string): string {
   try {
     const file = dir.lstat(name);
-    return file === null ? "" : `f${file.dev}:${file.ino}`;
+    return file === null ? "" : fileWatchKey(file);
   } catch {
     return "";
   }

@@ -6,7 +6,7 @@
  */
 
 import { within } from "./_protocol.ts";
-import { TEMP_NAME } from "./_record_here.ts";
+import { isTempName } from "./_temp_name.ts";
 import { platform as p } from "../platform/current.ts";
 
 /**
@@ -81,7 +81,7 @@ export function lockEntries(
       kind = real.kind;
     }
     if (kind !== "file" && kind !== "directory") continue;
-    if (kind === "file" && TEMP_NAME.test(name)) {
+    if (kind === "file" && isTempName(name)) {
       if (skip !== undefined) {
         const info = lstat(within(dir, name));
         if (info !== null && info.kind === "file" && info.size > 0) {

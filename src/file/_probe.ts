@@ -8,18 +8,9 @@ import { platform as p } from "../platform/current.ts";
 import type { InvalidLockFileError, RunlockError } from "../errors.ts";
 import { type Dir, type Handle, SysError } from "../platform/types.ts";
 import { MAX_RECORD_BYTES, parseRecord } from "./record.ts";
-import {
-  childHolds,
-  elsewhere,
-  errnoOf,
-  foreignAlive,
-  invalidOpen,
-  liveness,
-  type LockPath,
-  mapError,
-  type Probe,
-  unreadable,
-} from "./_protocol.ts";
+import { invalidOpen, mapError, unreadable } from "./_error_map.ts";
+import { childHolds, elsewhere, foreignAlive, liveness } from "./_liveness.ts";
+import { errnoOf, type LockPath, type Probe } from "./_protocol.ts";
 import { headHasMarker, headPid } from "./_record_here.ts";
 
 /**

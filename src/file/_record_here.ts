@@ -1,10 +1,8 @@
 /**
  * What this process writes: the record, encoded once per distinct `meta`
  * with the start time written in place at each acquire (see "The record"
- * in PROTOCOL.md), and the names of its temp files (a lock in the making, a
- * watch's marker), which the litter sweep, `scan()` and `watch()` tell from
- * locks (see "Litter"); and the byte-level reads of a record's first lines
- * (its PID, its marker) that the probe makes without decoding.
+ * in PROTOCOL.md), and the byte-level reads of a record's first lines (its
+ * PID, its marker) that the probe makes without decoding.
  *
  * @module
  */
@@ -142,59 +140,3 @@ export function recordBytes(
   bytes[at + 22] = 0x30 + milli % 10;
   return bytes;
 }
-
-// Temp names: a random 32-bit prefix per process and a counter, so that a
-// name costs no system call and no random draw on the hot path, and other
-// processes still cannot predict it. O_EXCL settles any collision. Drawn on
-// the first name, not at import: Node loads its Web Crypto code for it.
-let processTag = "";
-let tempCounter = 0;
-
-/**
- * A name {@linkcode tempName} makes (`.<stem>.<16 hex digits>.tmp`): a temp
- * file holds a runlock record too, but it is litter, a lock in the making
- * or a watch's marker, never a lock.
- */
-export const TEMP_NAME = /^\..*\.[0-9a-f]{16}\.tmp$/;
-
-/** A fresh temp name for a lock named `name`: `.<stem>.<16 hex>.tmp`. */
-export function tempName(name: string): string {
-  if (processTag === "") {
-    processTag = Array.from(
-      crypto.getRandomValues(new Uint8Array(4)),
-      (b) => b.toString(16).padStart(2, "0"),
-    ).join("");
-  }
-  tempCounter = (tempCounter + 1) >>> 0;
-  return `.${tempStem(name)}.${processTag}${
-    tempCounter.toString(16).padStart(8, "0")
-  }.tmp`;
-}
-
-// The longest file name (NAME_MAX) on the filesystems runlock supports.
-const NAME_MAX = 255;
-// "." + name + "." + 16 hex digits + ".tmp"
-const TEMP_EXTRA = 22;
-
-/**
- * The part of a temp file's name that comes from the lock's name: the name,
- * cut (at a character boundary) so that the temp name still fits in
- * NAME_MAX bytes. Every lock name the filesystem accepts can then be
- * locked.
- */
-export function tempStem(name: string): string {
-  const room = NAME_MAX - TEMP_EXTRA;
-  if (name.length * 3 <= room) return name; // fast path: fits whatever it is
-  let bytes = 0;
-  let end = 0;
-  for (const ch of name) {
-    const size = encoder.encode(ch).length;
-    if (bytes + size > room) break;
-    bytes += size;
-    end += ch.length;
-  }
-  return name.slice(0, end);
-}
-
-/** The random part of a temp name. */
-export const TEMP = /^[0-9a-f]{16}$/;

@@ -17,7 +17,7 @@ import { platform as p } from "../platform/current.ts";
 import type { Dir, Handle } from "../platform/types.ts";
 import { MAX_RECORD_BYTES, parseRecord } from "./record.ts";
 import { sameFile, type Target } from "./_protocol.ts";
-import { TEMP, tempStem } from "./_record_here.ts";
+import { stemOfTemp, tempStem } from "./_temp_name.ts";
 
 /**
  * A directory whose `st_size` is at most this is listed on the acquire:
@@ -39,19 +39,6 @@ const MAX_CANDIDATES = 4096;
 const MAX_STEMS = 256;
 /** Larger directories this process remembers. */
 const MAX_DIRS = 1024;
-
-// "." + 16 hex digits + ".tmp" after the stem.
-const TAIL = 21;
-
-/** The stem of a temp file's name `.<stem>.<16 hex>.tmp`, or `undefined`. */
-function stemOf(name: string): string | undefined {
-  if (
-    name.length <= TAIL + 1 || name.charCodeAt(0) !== 0x2e ||
-    !name.endsWith(".tmp") || name.charCodeAt(name.length - TAIL) !== 0x2e ||
-    !TEMP.test(name.slice(-TAIL + 1, -4))
-  ) return undefined;
-  return name.slice(1, -TAIL);
-}
 
 /**
  * Removes the temp file `name` if its creator is dead: its LOCK_EX|LOCK_NB
@@ -96,7 +83,7 @@ function sweep(dir: Dir, name: string): number {
   }
   let removed = 0;
   for (const entry of names) {
-    if (stemOf(entry) === stem && sweepOne(dir, entry)) removed++;
+    if (stemOfTemp(entry) === stem && sweepOne(dir, entry)) removed++;
   }
   return removed;
 }
@@ -203,7 +190,7 @@ function run(pass: Pass): void {
   try {
     dir = p.openDir(pass.path);
     for (const name of p.readDir(dir.prefix)) {
-      const stem = stemOf(name);
+      const stem = stemOfTemp(name);
       if (stem === undefined || !stems.has(stem)) continue;
       if (candidates.length < MAX_CANDIDATES) candidates.push(name);
       else pass.stems.add(stem); // the next pass goes on

@@ -8,7 +8,7 @@
  */
 
 import type { Probe } from "./_protocol.ts";
-import { tempStem } from "./_record_here.ts";
+import { tempStem } from "./_temp_name.ts";
 import { RACING_SLEEPS } from "./_probe.ts";
 import { platform as p } from "../platform/current.ts";
 import { MAX_RECORD_BYTES, parseRecord } from "./record.ts";

@@ -6,8 +6,14 @@
  * @module
  */
 
-import { errnoOf, lockPath, type Probe } from "./_protocol.ts";
-import { TEMP_NAME } from "./_record_here.ts";
+import {
+  errnoOf,
+  inodeKey,
+  lockPath,
+  type Probe,
+  within,
+} from "./_protocol.ts";
+import { stemOfTemp } from "./_temp_name.ts";
 import { probe } from "./_probe.ts";
 import { platform as p } from "../platform/current.ts";
 import type { FileInfo, Handle } from "../platform/types.ts";
@@ -46,7 +52,7 @@ export function outOfFds(err: unknown): boolean {
 
 /** `dev:ino` of a file, or `""`. */
 export function keyOf(info: FileInfo | null): string {
-  return info === null ? "" : `${info.dev}:${info.ino}`;
+  return info === null ? "" : inodeKey(info);
 }
 
 /** `lstat(2)`, `null` when missing or unreadable. */
@@ -234,15 +240,11 @@ export function acquiring(dir: string, stem: string): boolean {
   } catch {
     return false;
   }
-  const prefix = `.${stem}.`;
   for (const name of names) {
-    if (!name.startsWith(prefix) || !TEMP_NAME.test(name)) continue;
-    if (name.length !== prefix.length + 20) continue;
+    if (stemOfTemp(name) !== stem) continue;
     let handle: Handle | "ENOENT";
     try {
-      handle = p.openExisting(
-        dir.endsWith("/") ? dir + name : `${dir}/${name}`,
-      );
+      handle = p.openExisting(within(dir, name));
     } catch {
       continue;
     }

@@ -7,13 +7,18 @@
  * @module
  */
 
-import { errnoOf, grants, within } from "./_protocol.ts";
-import { TEMP_NAME } from "./_record_here.ts";
+import { dirError } from "./_error_map.ts";
+import { within } from "./_protocol.ts";
+import {
+  isTempName,
+  stemMayBeCut,
+  stemOfTemp,
+  tempStem,
+} from "./_temp_name.ts";
 import { lockEntries, type Skipped } from "./_listing.ts";
 import { RACING_SLEEPS } from "./_probe.ts";
-import { LockPermissionError, RunlockError } from "../errors.ts";
 import { platform as p } from "../platform/current.ts";
-import type { FileInfo, SysError } from "../platform/types.ts";
+import { type FileInfo, SysError } from "../platform/types.ts";
 import type { Inspection } from "./probes.ts";
 import { flockFree, keyOf, look, lstatOf } from "./_watch_run.ts";
 import { type DirWatch, type Host, Paths, sleep } from "./_watch_paths.ts";
@@ -244,10 +249,7 @@ export class Session implements AsyncIterableIterator<Change[]> {
         const self = pinned.lstat(".");
         // Deno's ops pin a file as well (its first create would fail).
         if (self !== null && self.kind !== "directory") {
-          throw new RunlockError(
-            this.#dir,
-            `${this.#dir}: cannot watch: not a directory`,
-          );
+          throw new SysError("ENOTDIR", "open", "not a directory");
         }
         key = keyOf(self);
       } finally {
@@ -255,7 +257,7 @@ export class Session implements AsyncIterableIterator<Change[]> {
       }
       real = p.realDir(this.#dir) || this.#dir;
     } catch (err) {
-      throw topError(err, this.#dir);
+      throw dirError(err, this.#dir, "watch");
     }
     this.#top = this.#watchDir(this.#dir, key, real);
   }
@@ -312,7 +314,7 @@ export class Session implements AsyncIterableIterator<Change[]> {
       try {
         entries = p.readDirKinds(d.path);
       } catch (err) {
-        if (d === this.#top) throw topError(err, d.path);
+        if (d === this.#top) throw dirError(err, d.path, "watch");
         continue;
       }
       for (const { name, kind } of lockEntries(d.path, entries, this.#skip)) {
@@ -469,7 +471,7 @@ export class Session implements AsyncIterableIterator<Change[]> {
     this.#scanned = false;
     this.#lastEvent = performance.now();
     this.#dirtyDirs.add(d);
-    if (TEMP_NAME.test(name)) {
+    if (isTempName(name)) {
       this.#onTemp(d, name);
     } else if (name !== "") {
       const path = within(d.path, name);
@@ -492,8 +494,13 @@ export class Session implements AsyncIterableIterator<Change[]> {
    */
   #onTemp(d: DirWatch, name: string): void {
     if (p.runtime !== "deno") return;
-    const stem = name.slice(1, name.length - 21);
-    const path = within(d.path, stem);
+    const stem = stemOfTemp(name)!;
+    let path = within(d.path, stem);
+    if (!d.runs.has(path) && stemMayBeCut(stem)) {
+      for (const run of d.runs) {
+        if (tempStem(run.slice(run.lastIndexOf("/") + 1)) === stem) path = run;
+      }
+    }
     const run = this.#paths.runs.get(path);
     if (run?.state !== "held") return;
     // Still there, a holder that died between its link and its unlink: the
@@ -665,43 +672,4 @@ function dirKeyOf(real: string): string {
       return "";
     }
   }
-}
-
-/** The error for a top directory that cannot be watched. */
-function topError(err: unknown, dir: string): Error {
-  if (err instanceof RunlockError) return err;
-  const code = errnoOf(err);
-  if (code === "NOTCAPABLE") {
-    return new LockPermissionError(
-      dir,
-      "cannot watch the directory",
-      `run Deno with --allow-read=${
-        grants(err as SysError, dir).read
-      } (runlock never prompts)`,
-      { cause: err },
-    );
-  }
-  if (code === "EACCES" || code === "EPERM") {
-    return new LockPermissionError(
-      dir,
-      "cannot watch the directory",
-      "this user may not read it",
-      { cause: err },
-    );
-  }
-  if (code === "ENOTDIR") {
-    return new RunlockError(dir, `${dir}: cannot watch: not a directory`, {
-      cause: err,
-    });
-  }
-  if (code === "ENOENT") {
-    return new RunlockError(dir, `${dir}: cannot watch: no such directory`, {
-      cause: err,
-    });
-  }
-  return new RunlockError(
-    dir,
-    `${dir}: cannot watch the directory: ${(err as Error).message}`,
-    { cause: err },
-  );
 }

@@ -5,15 +5,14 @@
  * @module
  */
 
+import { mapError } from "./_error_map.ts";
+import { heldHere, liveness } from "./_liveness.ts";
 import {
   type Acquired,
   DEFAULT_MODE,
   errnoOf,
   type HeldBy,
-  heldHere,
-  liveness,
   lockPath,
-  mapError,
   type Probe,
   type Target,
   within,
@@ -22,8 +21,8 @@ import {
   identityHere,
   type RecordTemplate,
   recordTemplate,
-  tempName,
 } from "./_record_here.ts";
+import { tempName } from "./_temp_name.ts";
 import { attemptLoop, pin, runSync } from "./_attempt.ts";
 import {
   CHILD_OPTION,
@@ -1060,13 +1059,7 @@ export async function acquire(
       unclose?.();
       closeKey = key;
       const prefix = target.pinned.prefix;
-      unclose = p.watchClose(
-        prefix.endsWith("/")
-          ? prefix + target.name
-          : `${prefix}/${target.name}`,
-        onEvent,
-        true,
-      );
+      unclose = p.watchClose(within(prefix, target.name), onEvent, true);
     }
     if (unclose !== undefined) {
       // The close watch sees every end of this file (armed by path: it is

@@ -9,7 +9,8 @@
  * @module
  */
 
-import { elsewhere, type LockPath, lockPath, type Probe } from "./_protocol.ts";
+import { elsewhere } from "./_liveness.ts";
+import { type LockPath, lockPath, type Probe } from "./_protocol.ts";
 import { probe, probeSteps } from "./_probe.ts";
 import { InvalidLockFileError } from "../errors.ts";
 import { platform as p } from "../platform/current.ts";

@@ -5,10 +5,10 @@
  * @module
  */
 
+import { dirError } from "./_error_map.ts";
 import { errnoOf, lockPath, type Probe, within } from "./_protocol.ts";
 import { lockEntries, type Skipped } from "./_listing.ts";
 import { probe, RACING_SLEEPS } from "./_probe.ts";
-import { LockPermissionError, RunlockError } from "../errors.ts";
 import { platform as p } from "../platform/current.ts";
 import { type Inspection, toInspection } from "./probes.ts";
 
@@ -104,7 +104,7 @@ export async function scan(
       // since we listed its parent: skip it, and list the rest.
       if (d !== dir) continue;
       if (errnoOf(err) === "ENOENT") return [];
-      throw listError(err, d);
+      throw dirError(err, d, "scan");
     }
     for (const { name, kind } of lockEntries(d, entries, onSkip)) {
       // Let the rest of the program run in a big tree (timers: the signal's,
@@ -139,37 +139,6 @@ export async function scan(
     if (result?.marker) found.push(toInspection(path, result));
   }
   return found.sort((a, b) => a.path < b.path ? -1 : a.path > b.path ? 1 : 0);
-}
-
-/** The error for a `dir` that cannot be listed. */
-function listError(err: unknown, dir: string): Error {
-  const code = errnoOf(err);
-  if (code === "NOTCAPABLE") {
-    return new LockPermissionError(
-      dir,
-      "cannot list the directory",
-      `run Deno with --allow-read=${dir} (runlock never prompts)`,
-      { cause: err },
-    );
-  }
-  if (code === "EACCES" || code === "EPERM") {
-    return new LockPermissionError(
-      dir,
-      "cannot list the directory",
-      "this user may not read it",
-      { cause: err },
-    );
-  }
-  if (code === "ENOTDIR") {
-    return new RunlockError(dir, `${dir}: cannot scan: not a directory`, {
-      cause: err,
-    });
-  }
-  return new RunlockError(
-    dir,
-    `${dir}: cannot list the directory: ${(err as Error).message}`,
-    { cause: err },
-  );
 }
 
 /** One file's probe; `undefined` when it is not something we can read. */

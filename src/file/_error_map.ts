@@ -1,0 +1,223 @@
+/**
+ * The errors of failed system calls: each becomes one of runlock's typed
+ * errors, with what to grant or fix.
+ *
+ * @module
+ */
+
+import {
+  InvalidLockFileError,
+  LockPermissionError,
+  RunlockError,
+  UnsupportedFilesystemError,
+} from "../errors.ts";
+import { platform as p } from "../platform/current.ts";
+import { type FileInfo, SysError } from "../platform/types.ts";
+import { errnoOf, type LockPath } from "./_protocol.ts";
+
+const LINK_UNSUPPORTED = new Set(["EPERM", "ENOTSUP", "EOPNOTSUPP", "ENOSYS"]);
+const LOCK_UNSUPPORTED = new Set([
+  "ENOLCK",
+  "ENOTSUP",
+  "EOPNOTSUPP",
+  "ENOSYS",
+  "EINVAL",
+]);
+
+// What probes do: they need read access only.
+const PROBE_ACTIONS = new Set([
+  "cannot read the lock file",
+  "cannot list the directory",
+]);
+
+/**
+ * What Deno's refusal `err` (NOTCAPABLE) of an operation on `dir` asks to
+ * grant: `real`, the directory it wants (the real one, where `dir` goes
+ * through a symlink), and `read`, the paths `--allow-read` must name.
+ * Resolving the symlink needs read access to it as well, so both are named
+ * (granting the real one alone would only move the refusal there).
+ */
+export function grants(
+  err: SysError,
+  dir: string,
+): { read: string; real: string } {
+  const real = err.grant?.replace(/^--allow-\w+=/, "") ?? dir;
+  return { read: real === dir ? dir : `${dir},${real}`, real };
+}
+
+/**
+ * Maps a failed system call to one of runlock's typed errors. `where`: the
+ * directory the call needed, when it is not the path's own (a missing
+ * parent's first existing ancestor, for mkdir).
+ */
+export function mapError(
+  err: unknown,
+  path: string,
+  action: string,
+  where?: string,
+): Error {
+  if (err instanceof RunlockError) return err;
+  if (!(err instanceof SysError)) {
+    return new RunlockError(path, `${path}: ${action}: ${err}`, {
+      cause: err,
+    });
+  }
+  const slash = path.lastIndexOf("/");
+  const dir = where ??
+    (slash < 0 ? "." : slash === 0 ? "/" : path.slice(0, slash));
+  const { code, syscall } = err;
+  if (code === "NOTCAPABLE") {
+    // Probes need read access only.
+    const { read, real } = grants(err, dir);
+    const grant = PROBE_ACTIONS.has(action)
+      ? `--allow-read=${read}`
+      : `--allow-read=${read} --allow-write=${real}`;
+    return new LockPermissionError(
+      path,
+      action,
+      `run Deno with ${grant} (runlock never prompts)`,
+      { cause: err },
+    );
+  }
+  if (code === "ENOFFI") {
+    return new RunlockError(path, `${path}: ${action}: ${err.message}`, {
+      cause: err,
+    });
+  }
+  if (syscall === "link" && LINK_UNSUPPORTED.has(code)) {
+    return new UnsupportedFilesystemError(path, "hard links", { cause: err });
+  }
+  if (syscall === "flock" && LOCK_UNSUPPORTED.has(code)) {
+    return new UnsupportedFilesystemError(path, "flock", { cause: err });
+  }
+  if (code === "EACCES" || code === "EPERM") {
+    return new LockPermissionError(
+      path,
+      action,
+      `this user needs read and write access to ${dir}`,
+      { cause: err },
+    );
+  }
+  if (code === "EROFS") {
+    return new LockPermissionError(
+      path,
+      action,
+      `${dir} is on a read-only filesystem`,
+      { cause: err },
+    );
+  }
+  if (code === "ENOTDIR") {
+    return new RunlockError(
+      path,
+      `${path}: ${action}: a parent of the path is not a directory`,
+      { cause: err },
+    );
+  }
+  if (code === "ENAMETOOLONG") {
+    return new RunlockError(
+      path,
+      `${path}: ${action}: the name or the path is longer than the filesystem allows`,
+      { cause: err },
+    );
+  }
+  return new RunlockError(path, `${path}: ${action}: ${err.message}`, {
+    cause: err,
+  });
+}
+
+/**
+ * The error for a lock file this user may not open for reading: the file
+ * itself is unreadable (its mode), or the directory is. Says which.
+ */
+export function unreadable(err: SysError, lp: LockPath, file: string): Error {
+  let info: FileInfo | null = null;
+  try {
+    info = p.lstat(file);
+  } catch (lstatErr) {
+    if (errnoOf(lstatErr) === "EACCES") {
+      // The directory itself is not searchable: a probe needs to enter it
+      // (and read the file), never to write there.
+      return new LockPermissionError(
+        lp.path,
+        "cannot read the lock file",
+        `this user cannot enter ${lp.dir} (probes need search (x) ` +
+          `permission on the lock's directory and read permission on the file)`,
+        { cause: err },
+      );
+    }
+  }
+  if (info === null || (err.code !== "EACCES" && err.code !== "EPERM")) {
+    return mapError(err, lp.path, "cannot read the lock file");
+  }
+  return new LockPermissionError(
+    lp.path,
+    "cannot read the lock file",
+    `the file is not readable by this user (mode ${
+      info.mode.toString(8).padStart(4, "0")
+    }, owner uid ${info.uid}); probes need read access to the file`,
+    { cause: err },
+  );
+}
+
+export function invalidOpen(err: SysError, lp: LockPath, file: string): Error {
+  if (err.code === "ELOOP") {
+    return new InvalidLockFileError(
+      lp.path,
+      "is a symbolic link (runlock never follows one)",
+      { cause: err },
+    );
+  }
+  let kind: FileInfo["kind"] | undefined;
+  try {
+    kind = p.lstat(file)?.kind;
+  } catch {
+    kind = undefined;
+  }
+  return new InvalidLockFileError(
+    lp.path,
+    kind === "directory"
+      ? "is a directory"
+      : "is not a regular file (a FIFO, socket or device)",
+    { cause: err },
+  );
+}
+
+/**
+ * The error for a directory that `verb` (`scan`, `watch`) cannot list or
+ * watch.
+ */
+export function dirError(
+  err: unknown,
+  dir: string,
+  verb: "scan" | "watch",
+): Error {
+  if (err instanceof RunlockError) return err;
+  const action = verb === "scan"
+    ? "cannot list the directory"
+    : "cannot watch the directory";
+  const code = errnoOf(err);
+  if (code === "NOTCAPABLE") {
+    return new LockPermissionError(
+      dir,
+      action,
+      `run Deno with --allow-read=${
+        grants(err as SysError, dir).read
+      } (runlock never prompts)`,
+      { cause: err },
+    );
+  }
+  if (code === "EACCES" || code === "EPERM") {
+    return new LockPermissionError(dir, action, "this user may not read it", {
+      cause: err,
+    });
+  }
+  if (code === "ENOTDIR" || code === "ENOENT") {
+    const what = code === "ENOTDIR" ? "not a directory" : "no such directory";
+    return new RunlockError(dir, `${dir}: cannot ${verb}: ${what}`, {
+      cause: err,
+    });
+  }
+  return new RunlockError(dir, `${dir}: ${action}: ${(err as Error).message}`, {
+    cause: err,
+  });
+}
