@@ -151,7 +151,7 @@ const CLEAR_BELOW = "\x1b[J";
 const HEADER = ["STATE", "PID", "HOST", "SINCE", "COMMAND"];
 
 /**
- * How the table gives way on a narrow terminal (issue 39): the command
+ * How the table gives way on a narrow terminal: the command
  * is cut first, to 8 columns; then the host goes (most rows show the same
  * one), the command, the age, and the pid last (what a person needs to
  * act on a run); the path (or name) goes last of all, cut from its start

@@ -236,7 +236,7 @@ export function contend(target: Target): Verdict {
  * Step 1 was refused (EACCES, EPERM, EROFS: this user may not create files
  * in the lock's directory, or its filesystem is read-only): a lock that a
  * live run holds is still held, and saying "permission denied" would send
- * the user to fix what is not in the way (issue 39). Looks at the lock as
+ * the user to fix what is not in the way. Looks at the lock as
  * a probe does, read-only (`LOCK_SH|LOCK_NB`, never `LOCK_EX`, never a
  * write), and answers what step 3 would answer of a held lock: held, with
  * the record's holder, or look again (a takeover in progress, the file

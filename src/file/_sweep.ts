@@ -4,7 +4,7 @@
  *
  * The sweep never makes an acquire's cost grow with the size of its
  * directory or with how many locks the process holds. A small directory
- * (one block of entries) is listed on the acquire, as before: a bounded
+ * (one block of entries) is listed on the acquire: a bounded
  * cost. A larger one is never listed on the acquire: the acquire notes the
  * lock's name, and a pass on an unreferenced timer lists the directory
  * later, in a process that lives that long, and checks the names' temp

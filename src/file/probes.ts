@@ -12,6 +12,7 @@
 import { elsewhere } from "./_liveness.ts";
 import { type LockPath, lockPath, type Probe } from "./_protocol.ts";
 import { probe, probeSteps } from "./_probe.ts";
+import type { LockInspection } from "../contract.ts";
 import { InvalidLockFileError } from "../errors.ts";
 import { platform as p } from "../platform/current.ts";
 
@@ -33,7 +34,7 @@ import { platform as p } from "../platform/current.ts";
  * assert.equal(info.host, "build-7");
  * ```
  */
-export interface Inspection {
+export interface Inspection extends LockInspection {
   /** The lock file. */
   path: string;
   /**

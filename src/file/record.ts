@@ -192,7 +192,7 @@ function digits(s: string, at: number, n: number): number {
 /**
  * `new Date(value)`, read directly where it is the form runlock writes
  * (`2026-11-30T09:52:11.000Z`, a year from 1000 to 9999) and every field
- * is in range; anything else goes to `new Date`, as before.
+ * is in range; anything else goes to `new Date`.
  */
 function parseStarted(value: string): Date {
   if (
