@@ -11,6 +11,7 @@
 
 import { hostname } from "node:os";
 import { acquire, type AcquireOptions, HeldError, inspect } from "../../mod.ts";
+import type { HeldLock } from "../contract.ts";
 import { CHILD_OPTION } from "../file/_inherit.ts";
 import { UsageError } from "./_args.ts";
 import type { Info } from "./_format.ts";
@@ -20,14 +21,6 @@ import { setupAdvice } from "./_setup_advice.ts";
 
 /** How often `run` checks that its lock file is still its own (ms). */
 const LOSS_CHECK_MS = 200;
-
-/** A held lock of either backend, as `run` uses it. */
-export interface HeldLock {
-  /** Aborted when the lock is lost. */
-  readonly signal: AbortSignal;
-  /** Releases the lock. */
-  release(): Promise<void>;
-}
 
 /** Where the locks are: lock files, or a PostgreSQL database. */
 export interface Backend {

@@ -16,8 +16,8 @@ import {
   databaseUrl,
   DB_HELP,
   DB_OPTIONS,
-  type HeldLock,
 } from "./_backend.ts";
+import type { HeldLock } from "../contract.ts";
 import { clip, printable, printableErrors } from "./_format.ts";
 import {
   handNumbers,
