@@ -16,9 +16,9 @@ import { type FileInfo, type Handle, SysError } from "../platform/types.ts";
 import { MAX_RECORD_BYTES, parseRecord } from "./record.ts";
 import { invalidOpen, mapError, unreadable } from "./_error_map.ts";
 import {
-  childHolds,
   elsewhere,
   foreignAlive,
+  heir,
   heldHere,
   liveness,
 } from "./_liveness.ts";
@@ -143,12 +143,8 @@ function holderOf(target: Target, handle: Handle, ours: FileInfo): Verdict {
   // file, and so the flock, until it calls exec. Look again, as for a
   // takeover, before calling it held.
   const live = pid > 0 && !far ? liveness(pid) : "unknown";
-  // A dead runlock run whose command lives holds it through that command
-  // (PROTOCOL.md, "Handing the lock to a command"): no takeover.
-  const child = record.kind === "runlock" && live === "dead" &&
-      childHolds(record.child, ours.ino)
-    ? record.child
-    : 0;
+  // A dead runlock run's command that holds it on: no takeover.
+  const child = live === "dead" ? heir(record, ours.ino) : 0;
   const sure = record.kind !== "garbage" &&
     (pid === 0 || (!far && (live !== "dead" || child > 0)));
   // What a waiter's first look would see: spare it the open (its flock

@@ -13,7 +13,7 @@ import {
   type Liveness,
   SysError,
 } from "../platform/types.ts";
-import { MAX_PID, MAX_RECORD_BYTES } from "./record.ts";
+import { MAX_PID, MAX_RECORD_BYTES, type Record } from "./record.ts";
 
 /**
  * `kill(pid, 0)` as a second opinion. Never with 0 or a negative number:
@@ -30,6 +30,18 @@ export function liveness(pid: number): Liveness {
 const fdinfoDecoder = new TextDecoder();
 
 /**
+ * The command a dead `runlock run` handed the lock to, when it holds the
+ * lock on (PROTOCOL.md, "Handing the lock to a command"): the record's
+ * `child=`, if that process holds the flock of the lock file, inode `ino`;
+ * else 0.
+ */
+export function heir(record: Record, ino: number): number {
+  return record.kind === "runlock" && childHolds(record.child, ino)
+    ? record.child
+    : 0;
+}
+
+/**
  * Whether the command `runlock run` handed a lock to (the record's
  * `child=`) holds the flock of the lock file, inode `ino`: one of its
  * descriptors shows that inode's FLOCK WRITE lock in
@@ -40,7 +52,7 @@ const fdinfoDecoder = new TextDecoder();
  * user's command, or Deno without --allow-all, which guards /proc), a
  * live command is taken at its record's word. False without /proc.
  */
-export function childHolds(child: number, ino: number): boolean {
+function childHolds(child: number, ino: number): boolean {
   if (liveness(child) !== "alive" || child === p.pid) return false;
   const dir = `/proc/${child}/fdinfo`;
   let names: string[];

@@ -9,7 +9,7 @@ import type { InvalidLockFileError, RunlockError } from "../errors.ts";
 import { type Dir, type Handle, SysError } from "../platform/types.ts";
 import { MAX_RECORD_BYTES, parseRecord } from "./record.ts";
 import { invalidOpen, mapError, unreadable } from "./_error_map.ts";
-import { childHolds, elsewhere, foreignAlive, liveness } from "./_liveness.ts";
+import { elsewhere, foreignAlive, heir, liveness } from "./_liveness.ts";
 import { errnoOf, type LockPath, type Probe } from "./_protocol.ts";
 import { headHasMarker, headPid } from "./_record_here.ts";
 
@@ -82,10 +82,7 @@ export function probe(
         const record = parseRecord(handle.readAll(MAX_RECORD_BYTES + 1));
         result.far = record.kind === "runlock" &&
           elsewhere(record) !== undefined;
-        const child = record.kind === "runlock" && !result.far &&
-            childHolds(record.child, handle.stat().ino)
-          ? record.child
-          : 0;
+        const child = result.far ? 0 : heir(record, handle.stat().ino);
         result.child = child;
         result.racing = record.kind === "runlock" &&
           (result.far || child === 0);
@@ -114,7 +111,7 @@ export function probe(
         if (locked && !result.far && liveness(record.pid) === "dead") {
           // runlock is gone: its command is named only while it holds the
           // lock; otherwise a takeover in progress, or a holder unknown.
-          if (!childHolds(record.child, handle.stat().ino)) result.child = 0;
+          result.child = heir(record, handle.stat().ino);
           result.racing = result.child === 0;
         } else {
           result.racing = locked && result.far;
