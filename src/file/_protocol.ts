@@ -1,7 +1,8 @@
 /**
  * What the steps of the runlock protocol (see PROTOCOL.md) share: lock
  * paths, what an attempt and a probe find, and a file's identity. The steps
- * live beside it: the attempt loop (`_attempt.ts`), contention and takeover
+ * live beside it: `acquire` and its steps (`lock.ts`, `_wait.ts`), the held
+ * lock (`_held.ts`), the attempt loop (`_attempt.ts`), contention and takeover
  * (`_contend.ts`), the litter sweep (`_sweep.ts`), the read-only probe
  * (`_probe.ts`), liveness (`_liveness.ts`), the errors of failed system
  * calls (`_error_map.ts`), what this process writes (`_record_here.ts`)

@@ -7,6 +7,7 @@
  * @module
  */
 
+import type { HeldLock } from "../contract.ts";
 import type { Meta } from "../meta.ts";
 
 /**
@@ -94,7 +95,7 @@ export interface AcquireOptions extends AcquireSyncOptions {
  * assert.equal(lock.released, true);
  * ```
  */
-export interface Lock extends Disposable, AsyncDisposable {
+export interface Lock extends HeldLock, Disposable {
   /** The lock file, as passed to {@linkcode acquire}. */
   readonly path: string;
   /** The PID written into the file: this process. */
