@@ -27,7 +27,7 @@ import {
   type Seen,
   staleInspection,
 } from "./_watch_run.ts";
-import type { Change, ChangeKind } from "./watch.ts";
+import type { Change, ChangeKind, DirWatch } from "./_watch_types.ts";
 
 /**
  * How long a held run's name may be gone while its holder still holds the
@@ -76,21 +76,6 @@ export interface Run {
   died: boolean;
   /** Its last probe. */
   found: Probe;
-}
-
-/** One watched directory. */
-export interface DirWatch {
-  readonly path: string;
-  readonly key: string;
-  /** The path that names it for the identity check (the top: its real path). */
-  readonly real: string;
-  close: (() => void) | undefined;
-  readonly children: Map<string, DirWatch>;
-  /** The paths of the runs reported in it. */
-  readonly runs: Set<string>;
-  /** Names looked at that are not locks (not looked at again until an event). */
-  readonly others: Set<string>;
-  dropped: boolean;
 }
 
 /** What a path's settling loop is asked to do next. */

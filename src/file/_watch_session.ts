@@ -21,8 +21,8 @@ import { platform as p } from "../platform/current.ts";
 import { type FileInfo, SysError } from "../platform/types.ts";
 import type { Inspection } from "./probes.ts";
 import { flockFree, keyOf, look, lstatOf } from "./_watch_run.ts";
-import { type DirWatch, type Host, Paths, sleep } from "./_watch_paths.ts";
-import type { Change, ChangeKind } from "./watch.ts";
+import { type Host, Paths, sleep } from "./_watch_paths.ts";
+import type { Change, ChangeKind, DirWatch } from "./_watch_types.ts";
 
 /** After events, a re-scan (ms) to catch what the watch may have dropped. */
 const RECHECK_FIRST_MS = 250;
