@@ -1,13 +1,17 @@
 /**
- * One directory's entries as `scan()` and `watch()` look at them: the
- * names that may be locks, with what is left out reported to the caller.
+ * The directory walk `scan()` and `watch()` share: each directory's
+ * entries that may be locks (with what is left out reported to the
+ * caller), the subdirectories to go down into, and the second looks at
+ * a file seen in the middle of a takeover.
  *
  * @module
  */
 
 import { within } from "./_protocol.ts";
+import { RACING_SLEEPS } from "./_probe.ts";
 import { isTempName } from "./_temp_name.ts";
 import { platform as p } from "../platform/current.ts";
+import type { FileInfo } from "../platform/types.ts";
 
 /**
  * An entry that {@linkcode scan} or {@linkcode watch} did not look at,
@@ -73,7 +77,7 @@ export function lockEntries(
       copies!.set(name, 0);
       // This can be racy: a real name removed since the listing reads as
       // a bad one here, and is reported as skipped once.
-      const real = lstat(within(dir, name));
+      const real = lstatOf(within(dir, name));
       for (let bad = real === null ? n : n - 1; bad > 0; bad--) {
         skip?.({ path: within(dir, name), reason: "not UTF-8" });
       }
@@ -83,7 +87,7 @@ export function lockEntries(
     if (kind !== "file" && kind !== "directory") continue;
     if (kind === "file" && isTempName(name)) {
       if (skip !== undefined) {
-        const info = lstat(within(dir, name));
+        const info = lstatOf(within(dir, name));
         if (info !== null && info.kind === "file" && info.size > 0) {
           skip({ path: within(dir, name), reason: "temp name" });
         }
@@ -95,8 +99,79 @@ export function lockEntries(
   return out;
 }
 
-/** `lstat`, or `null` when the path is gone or cannot be looked at. */
-function lstat(path: string) {
+/** Throws the `TypeError` of a `dir` that is not a non-empty string without NUL. */
+export function checkDir(dir: unknown, action: string): void {
+  if (typeof dir !== "string" || dir === "" || dir.includes("\0")) {
+    throw new TypeError(
+      `Cannot ${action} as 'dir' must be a non-empty string without NUL: current value is ${
+        typeof dir === "string" ? JSON.stringify(dir) : String(dir)
+      }`,
+    );
+  }
+}
+
+/** An entry of a {@linkcode walk}, with its directory and path. */
+export type Walked<D> = Entry & { dir: D; path: string };
+
+/**
+ * Every entry under `top` that may be a lock (see {@linkcode lockEntries}:
+ * never a symlink), with its directory and path: a directory's entries in
+ * its listing's order, then the subdirectories `down` gave (called where
+ * each is listed; `undefined`: not walked), the last one first. A
+ * subdirectory that cannot be listed is left out; for the top one,
+ * `topError(err)` is thrown (`undefined`: nothing is walked).
+ */
+export function* walk<D extends { readonly path: string }>(
+  top: D,
+  down: ((dir: D, name: string) => D | undefined) | undefined,
+  skip: ((skipped: Skipped) => void) | undefined,
+  topError: (err: unknown) => unknown,
+): Generator<Walked<D>> {
+  const dirs = [top];
+  for (let dir = dirs.pop(); dir !== undefined; dir = dirs.pop()) {
+    let entries;
+    try {
+      entries = p.readDirKinds(dir.path);
+    } catch (err) {
+      // A subdirectory gone, turned into a file, or closed to this user
+      // since its parent was listed: skip it, and walk the rest.
+      if (dir !== top) continue;
+      const error = topError(err);
+      if (error === undefined) return;
+      throw error;
+    }
+    for (const { name, kind } of lockEntries(dir.path, entries, skip)) {
+      const path = within(dir.path, name);
+      if (kind === "directory" && down !== undefined) {
+        const sub = down(dir, name);
+        if (sub !== undefined) dirs.push(sub);
+      }
+      yield { dir, path, name, kind };
+    }
+  }
+}
+
+/**
+ * A file seen in the middle of a takeover, looked at again as inspect()
+ * does: while `racing(seen)`, `wait` each of {@linkcode RACING_SLEEPS}
+ * (`false`: stop) and `look()` again. `first`: the look already made.
+ */
+export async function lookAgain<T>(
+  look: () => T,
+  racing: (seen: T) => boolean,
+  wait: (ms: number) => Promise<boolean>,
+  first: T = look(),
+): Promise<T> {
+  let seen = first;
+  for (const ms of RACING_SLEEPS) {
+    if (!racing(seen) || !await wait(ms)) break;
+    seen = look();
+  }
+  return seen;
+}
+
+/** `lstat(2)`, or `null` when the path is gone or cannot be looked at. */
+export function lstatOf(path: string): FileInfo | null {
   try {
     return p.lstat(path);
   } catch {

@@ -7,8 +7,8 @@
 
 import { dirError } from "./_error_map.ts";
 import { errnoOf, lockPath, type Probe, within } from "./_protocol.ts";
-import { lockEntries, type Skipped } from "./_listing.ts";
-import { probe, RACING_SLEEPS } from "./_probe.ts";
+import { checkDir, lookAgain, type Skipped, walk } from "./_listing.ts";
+import { probe } from "./_probe.ts";
 import { platform as p } from "../platform/current.ts";
 import { type Inspection, toInspection } from "./probes.ts";
 
@@ -80,62 +80,47 @@ export async function scan(
   dir: string,
   options?: ScanOptions,
 ): Promise<Inspection[]> {
-  if (typeof dir !== "string" || dir === "" || dir.includes("\0")) {
-    throw new TypeError(
-      `Cannot scan as 'dir' must be a non-empty string without NUL: current value is ${
-        typeof dir === "string" ? JSON.stringify(dir) : String(dir)
-      }`,
-    );
-  }
+  checkDir(dir, "scan");
   const recursive = options?.recursive ?? false;
   const signal = options?.signal;
   const onSkip = options?.onSkip;
   signal?.throwIfAborted();
   const found: Inspection[] = [];
   const racing: string[] = [];
-  const dirs = [dir];
   let turned = performance.now();
-  for (let d = dirs.pop(); d !== undefined; d = dirs.pop()) {
-    let entries: { name: string; kind: string }[];
-    try {
-      entries = p.readDirKinds(d);
-    } catch (err) {
-      // A subdirectory gone, turned into a file, or closed to this user
-      // since we listed its parent: skip it, and list the rest.
-      if (d !== dir) continue;
-      if (errnoOf(err) === "ENOENT") return [];
-      throw dirError(err, d, "scan");
-    }
-    for (const { name, kind } of lockEntries(d, entries, onSkip)) {
-      // Let the rest of the program run in a big tree (timers: the signal's,
-      // a held lock's checks; I/O): a turn of the event loop every 10 ms,
-      // not one per file.
-      if (performance.now() - turned > 10) {
-        await p.turn();
-        signal?.throwIfAborted();
-        turned = performance.now();
-      }
-      const path = within(d, name);
-      if (kind === "directory") {
-        if (recursive) dirs.push(path);
-        continue;
-      }
-      const result = look(path);
-      if (result === undefined) continue;
-      if (result.racing) racing.push(path);
-      else if (result.marker) found.push(toInspection(path, result));
+  const walked = walk(
+    { path: dir },
+    recursive ? (d, name) => ({ path: within(d.path, name) }) : undefined,
+    onSkip,
+    (err) => errnoOf(err) === "ENOENT" ? undefined : dirError(err, dir, "scan"),
+  );
+  for (const { path, kind } of walked) {
+    // Let the rest of the program run in a big tree (timers: the signal's,
+    // a held lock's checks; I/O): a turn of the event loop every 10 ms,
+    // not one per file.
+    if (performance.now() - turned > 10) {
+      await p.turn();
+      turned = performance.now();
     }
     signal?.throwIfAborted();
+    if (kind === "directory") continue;
+    const result = look(path);
+    if (result === undefined) continue;
+    if (result.racing) racing.push(path);
+    else if (result.marker) found.push(toInspection(path, result));
   }
-  // Files seen in the middle of a takeover: look again, as inspect does.
+  signal?.throwIfAborted();
   for (const path of racing) {
-    let result = look(path);
-    for (const ms of RACING_SLEEPS) {
-      if (result === undefined || !result.racing) break;
-      await new Promise((resolve) => setTimeout(resolve, ms));
-      signal?.throwIfAborted();
-      result = look(path);
-    }
+    // A ref'd timer: the scan's promise keeps the process alive.
+    const result = await lookAgain(
+      () => look(path),
+      (seen) => seen?.racing === true,
+      async (ms) => {
+        await new Promise((resolve) => setTimeout(resolve, ms));
+        signal?.throwIfAborted();
+        return true;
+      },
+    );
     if (result?.marker) found.push(toInspection(path, result));
   }
   return found.sort((a, b) => a.path < b.path ? -1 : a.path > b.path ? 1 : 0);

@@ -8,7 +8,7 @@
  */
 
 import { Session } from "./_watch_session.ts";
-import type { Skipped } from "./_listing.ts";
+import { checkDir, type Skipped } from "./_listing.ts";
 import type { Change } from "./_watch_types.ts";
 
 export type { Change, ChangeKind } from "./_watch_types.ts";
@@ -117,38 +117,27 @@ export function watch(
   dir: string,
   options?: WatchOptions,
 ): AsyncIterable<Change[]> {
-  if (typeof dir !== "string" || dir === "" || dir.includes("\0")) {
-    throw new TypeError(
-      `Cannot watch as 'dir' must be a non-empty string without NUL: current value is ${
-        typeof dir === "string" ? JSON.stringify(dir) : String(dir)
-      }`,
-    );
-  }
+  checkDir(dir, "watch");
   const recursive = options?.recursive ?? false;
-  if (typeof recursive !== "boolean") {
-    throw new TypeError(
-      `Cannot watch as 'recursive' must be a boolean: current value is ${
-        String(recursive)
-      }`,
-    );
-  }
+  if (typeof recursive !== "boolean") bad("recursive", "a boolean", recursive);
   const signal = options?.signal;
   if (signal !== undefined && !(signal instanceof AbortSignal)) {
-    throw new TypeError(
-      `Cannot watch as 'signal' must be an AbortSignal: current value is ${
-        String(signal)
-      }`,
-    );
+    bad("signal", "an AbortSignal", signal);
   }
   const onSkip = options?.onSkip;
   if (onSkip !== undefined && typeof onSkip !== "function") {
-    throw new TypeError(
-      `Cannot watch as 'onSkip' must be a function: current value is ${
-        String(onSkip)
-      }`,
-    );
+    bad("onSkip", "a function", onSkip);
   }
   return {
     [Symbol.asyncIterator]: () => new Session(dir, recursive, signal, onSkip),
   };
+}
+
+/** Throws the `TypeError` of an option of the wrong type. */
+function bad(option: string, what: string, value: unknown): never {
+  throw new TypeError(
+    `Cannot watch as '${option}' must be ${what}: current value is ${
+      String(value)
+    }`,
+  );
 }
