@@ -62,7 +62,7 @@ const WINDOWS = 3;
  * One more window, watching, as long as the longest period of the watch's
  * own work, so that a periodic cost the short windows' median leaves out
  * is in the figure: on Deno a re-scan at least every 60 s (BACKSTOP_MS in
- * src/file/_watch_session.ts: at the last of its passes, 10 s apart when quiet,
+ * src/file/_watch_rescan.ts: at the last of its passes, 10 s apart when quiet,
  * before 60 s are up; 65 s hold one).
  * Node and Bun have no periodic work while idle: no such window (0).
  */

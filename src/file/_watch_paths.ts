@@ -9,21 +9,19 @@
 
 import type { Probe } from "./_protocol.ts";
 import { tempStem } from "./_temp_name.ts";
-import { RACING_SLEEPS } from "./_probe.ts";
 import { platform as p } from "../platform/current.ts";
-import { MAX_RECORD_BYTES, parseRecord } from "./record.ts";
 import type { Handle } from "../platform/types.ts";
-import type { Inspection } from "./probes.ts";
+import { lookAgain, lstatOf } from "./_listing.ts";
+import { type Inspection, toInspection } from "./probes.ts";
 import {
   acquiring,
   fdBudget,
   flockFree,
-  freeInspection,
   hold,
-  inspection,
   keyOf,
   look,
-  lstatOf,
+  noneInspection,
+  releasedByRun,
   type Seen,
   staleInspection,
 } from "./_watch_run.ts";
@@ -35,7 +33,7 @@ import type { Change, ChangeKind, DirWatch } from "./_watch_types.ts";
  * unlinks and closes in one go (microseconds apart); a holder whose file
  * someone else deleted holds on until it notices and lets go.
  */
-export const LOST_MS = 1000;
+const LOST_MS = 1000;
 /** How long a stale file's removal waits for the acquire taking it over (ms). */
 const TAKEOVER_MS = 1000;
 /** Sleeps (ms) between looks at a held run's flock after its name went. */
@@ -193,7 +191,7 @@ export class Paths {
       // the re-scan looks too), never taking it for "not a lock".
       this.#host.poll();
       return sleep(UNKNOWN_MS).then(() => {
-        if (!this.#host.done && !d.dropped) return this.#again(path, d);
+        if (!this.#host.done && !d.dropped) return this.#once(path, d, false);
       });
     }
     const same = rep !== undefined && seen.kind !== "none" &&
@@ -204,32 +202,32 @@ export class Paths {
         // Its PID is dead and someone holds its flock: a taker.
         this.#toStale(rep);
         this.#host.push(path, "crashed", staleInspection(path, seen.found));
-        return this.#racing(path, d);
+        return this.#racing(path, d, seen);
       }
       if (seen.found.state === "stale") {
         rep.found = seen.found;
         this.#toStale(rep);
-        this.#host.push(path, "crashed", inspection(path, seen.found));
+        this.#host.push(path, "crashed", toInspection(path, seen.found));
         return;
       }
       if (closed) return this.#afterClose(path, d, rep);
       return;
     }
     if (rep?.state === "stale") {
-      if (seen.kind === "racing") return this.#racing(path, d);
+      if (seen.kind === "racing") return this.#racing(path, d, seen);
       if (seen.kind === "run") {
         rep.vacated = undefined;
         if (same && seen.found.state === "stale") return;
         if (seen.found.state === "held") {
           this.untrack(rep);
-          this.#host.push(path, "taken over", inspection(path, seen.found));
+          this.#host.push(path, "taken over", toInspection(path, seen.found));
           this.#track(path, d, seen);
           return;
         }
         // Another dead run's record in its place.
         rep.ino = seen.ino;
         rep.run = seen.run;
-        this.#host.push(path, "crashed", inspection(path, seen.found));
+        this.#host.push(path, "crashed", toInspection(path, seen.found));
         return;
       }
       // Gone. A takeover unlinks the stale file, then links its own: wait
@@ -245,19 +243,19 @@ export class Paths {
         if (again.kind !== "none") {
           return this.#decide(path, d, rep, false, again, false);
         }
-        if (under) return sleep(5).then(() => this.#again(path, d));
+        if (under) return sleep(5).then(() => this.#once(path, d, false));
       }
       this.untrack(rep);
       this.#host.push(path, "released", noneInspection(path, seen));
       return;
     }
-    if (seen.kind === "racing") return this.#racing(path, d);
+    if (seen.kind === "racing") return this.#racing(path, d, seen);
     if (seen.kind === "run") {
       const held = seen.found.state === "held";
       this.#host.push(
         path,
         held ? "started" : "crashed",
-        inspection(path, seen.found),
+        toInspection(path, seen.found),
       );
       this.#track(path, d, seen);
       return;
@@ -265,20 +263,19 @@ export class Paths {
     if (seen.other) d.others.add(path.slice(path.lastIndexOf("/") + 1));
   }
 
-  /** Looks at `path` again, now, and decides. */
-  #again(path: string, d: DirWatch, closed = false): Promise<void> | void {
-    return this.#once(path, d, closed);
-  }
-
   /** A takeover is under way at `path`: look again until it is done. */
-  async #racing(path: string, d: DirWatch): Promise<void> {
-    let seen: Seen = { kind: "none", other: false };
-    for (const ms of RACING_SLEEPS) {
-      await sleep(ms);
-      if (this.#host.done || d.dropped) return;
-      seen = look(path);
-      if (seen.kind !== "racing") break;
-    }
+  async #racing(path: string, d: DirWatch, first: Seen): Promise<void> {
+    const gone = () => this.#host.done || d.dropped;
+    let seen = await lookAgain(
+      () => look(path),
+      (seen) => seen.kind === "racing",
+      async (ms) => {
+        await sleep(ms);
+        return !gone();
+      },
+      first,
+    );
+    if (gone()) return;
     // Still a dead PID under a held flock (flock(1) on a crashed run's
     // file?): as held, as inspect() answers after its looks.
     if (seen.kind === "racing") seen = { ...seen, kind: "run" };
@@ -322,10 +319,7 @@ export class Paths {
         ? { kind: "none", other: false } as Seen
         : look(path);
       this.#host.push(path, kind, noneInspection(path, seen));
-      if (seen.kind !== "none") {
-        return this.#decide(path, d, undefined, false, seen, false);
-      }
-      if (seen.other) d.others.add(path.slice(path.lastIndexOf("/") + 1));
+      return this.#decide(path, d, undefined, false, seen, false);
     };
     const fd = rep.fd;
     if (
@@ -403,7 +397,11 @@ export class Paths {
     seen: Seen & { kind: "run" | "racing" },
   ): Change {
     this.#track(path, d, seen);
-    return { path, kind: "present", inspection: inspection(path, seen.found) };
+    return {
+      path,
+      kind: "present",
+      inspection: toInspection(path, seen.found),
+    };
   }
 
   /** A held run's read-only descriptor and close watch. */
@@ -465,26 +463,5 @@ export class Paths {
     this.#toStale(run);
     if (this.runs.get(run.path) === run) this.runs.delete(run.path);
     run.dir.runs.delete(run.path);
-  }
-}
-
-/** A path's state once a run there ended: its probe, or free. */
-function noneInspection(path: string, seen: Seen): Inspection {
-  return seen.kind === "none" && seen.found !== undefined
-    ? inspection(path, seen.found)
-    : freeInspection(path);
-}
-
-/**
- * Whether `runlock run` marked the record released (`child=released--`)
- * before it let go: the flock left on the inode is held by what its
- * command left running with the descriptor open, not by a run.
- */
-function releasedByRun(fd: Handle): boolean {
-  try {
-    const record = parseRecord(fd.readAll(MAX_RECORD_BYTES + 1));
-    return record.kind === "runlock" && record.released;
-  } catch {
-    return false;
   }
 }

@@ -18,6 +18,7 @@ import { probe } from "./_probe.ts";
 import { platform as p } from "../platform/current.ts";
 import type { FileInfo, Handle } from "../platform/types.ts";
 import { type Inspection, toInspection } from "./probes.ts";
+import { MAX_RECORD_BYTES, parseRecord } from "./record.ts";
 
 /** What a look at a path found. */
 export type Seen =
@@ -38,7 +39,7 @@ export type Seen =
   | { kind: "unknown" };
 
 /** Whether `err` (or its cause) is a lack of descriptors. */
-export function outOfFds(err: unknown): boolean {
+function outOfFds(err: unknown): boolean {
   for (let e = err, i = 0; e !== undefined && e !== null && i < 5; i++) {
     const code = errnoOf(e) ?? (e as { code?: unknown }).code;
     if (code === "EMFILE" || code === "ENFILE") return true;
@@ -55,20 +56,11 @@ export function keyOf(info: FileInfo | null): string {
   return info === null ? "" : inodeKey(info);
 }
 
-/** `lstat(2)`, `null` when missing or unreadable. */
-export function lstatOf(path: string): FileInfo | null {
-  try {
-    return p.lstat(path);
-  } catch {
-    return null;
-  }
-}
-
 /**
  * The identity of the run a record names: a new holder (or a record
  * rewritten in place) has another PID or another start.
  */
-export function runOf(found: Probe): string {
+function runOf(found: Probe): string {
   return `${found.pid}\0${found.host}\0${
     found.started?.getTime() ?? ""
   }\0${found.boot}\0${found.pidns}\0${found.runtime}`;
@@ -119,11 +111,6 @@ export function look(path: string): Seen {
   }
 }
 
-/** The public form of a look's probe. */
-export function inspection(path: string, found: Probe): Inspection {
-  return toInspection(path, found);
-}
-
 /** A run's record as it is once its holder is gone (`stale`). */
 export function staleInspection(path: string, found: Probe): Inspection {
   return {
@@ -135,7 +122,7 @@ export function staleInspection(path: string, found: Probe): Inspection {
 }
 
 /** What a probe of a path with no file says. */
-export function freeInspection(path: string): Inspection {
+function freeInspection(path: string): Inspection {
   return {
     path,
     state: "free",
@@ -256,4 +243,25 @@ export function acquiring(dir: string, stem: string): boolean {
     }
   }
   return false;
+}
+
+/** A path's state once a run there ended: its probe, or free. */
+export function noneInspection(path: string, seen: Seen): Inspection {
+  return seen.kind === "none" && seen.found !== undefined
+    ? toInspection(path, seen.found)
+    : freeInspection(path);
+}
+
+/**
+ * Whether `runlock run` marked the record released (`child=released--`)
+ * before it let go: the flock left on the inode is held by what its
+ * command left running with the descriptor open, not by a run.
+ */
+export function releasedByRun(fd: Handle): boolean {
+  try {
+    const record = parseRecord(fd.readAll(MAX_RECORD_BYTES + 1));
+    return record.kind === "runlock" && record.released;
+  } catch {
+    return false;
+  }
 }
