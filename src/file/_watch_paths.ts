@@ -420,21 +420,19 @@ export class Paths {
       this.#host.poll();
       return;
     }
+    if (fd === undefined) {
+      if (this.#kept < this.#cap) {
+        // Replaced since the look, or out of descriptors: look again now,
+        // and in every re-scan while it has none.
+        const busy = this.#busy.get(run.path);
+        if (busy !== undefined) busy.again = true;
+        else p.unrefLater(() => this.settle(run.path, run.dir, false), 0);
+      }
+      this.#host.poll();
+      return;
+    }
     run.fd = fd;
-    if (run.fd !== undefined) this.#kept++;
-    else if (this.#kept >= this.#cap) {
-      this.#host.poll();
-      return;
-    }
-    if (run.fd === undefined) {
-      // Replaced since the look, or out of descriptors: look again now,
-      // and in every re-scan while it has none.
-      const busy = this.#busy.get(run.path);
-      if (busy !== undefined) busy.again = true;
-      else p.unrefLater(() => this.settle(run.path, run.dir, false), 0);
-      this.#host.poll();
-      return;
-    }
+    this.#kept++;
     run.unclose = p.watchClose(run.path, () => this.onClose(run));
     // Deno's directory watch reports the close itself; elsewhere, without
     // a close watch, only the re-scan finds a crash.
