@@ -53,7 +53,12 @@ export {
   type WatchOptions,
 } from "./src/file/watch.ts";
 export type { Meta } from "./src/meta.ts";
-export type { HeldLock, LockInspection, Locks } from "./src/contract.ts";
+export type {
+  HeldLock,
+  LockChange,
+  LockInspection,
+  Locks,
+} from "./src/contract.ts";
 export {
   ContendedError,
   HeldError,

@@ -143,3 +143,50 @@ export interface Locks<
   /** The holder's PID (or the last holder's) and whether it holds now. */
   activePid(name: string): Promise<{ pid: number; alive: boolean }>;
 }
+
+/**
+ * What happened to a lock, as a watch of either backend reports it:
+ * - `present`: the lock was there when the watch began (first batch only);
+ * - `started`: a run took it;
+ * - `released`: the run ended cleanly, or a crashed run's record was
+ *   removed;
+ * - `crashed`: the holder died and left its record: it is now stale;
+ * - `taken over`: a new live holder, where a stale one was;
+ * - `lost`: the run's record was deleted or replaced while its holder
+ *   still holds it (that holder's `lock.signal` says so too).
+ *
+ * @example Counting the runs that ended badly
+ * ```ts
+ * import type { ChangeKind } from "@runlock/runlock";
+ *
+ * const bad = new Set<ChangeKind>(["crashed", "lost"]);
+ * console.log(bad.has("released")); // false
+ * ```
+ */
+export type ChangeKind =
+  | "present"
+  | "started"
+  | "released"
+  | "crashed"
+  | "taken over"
+  | "lost";
+
+/**
+ * One change of a lock, with what an inspection found after it.
+ *
+ * @example A change as a log line, from either backend
+ * ```ts
+ * import type { LockChange } from "@runlock/runlock";
+ *
+ * const line = (c: LockChange) =>
+ *   `${c.kind} ${c.path} pid=${c.inspection.pid} (${c.inspection.state})`;
+ * ```
+ */
+export interface LockChange<I extends LockInspection = LockInspection> {
+  /** The lock's path or name. */
+  path: string;
+  /** What happened; `present` only in the first batch. */
+  kind: ChangeKind;
+  /** The lock's state after the change. */
+  inspection: I;
+}

@@ -7,34 +7,10 @@
  * @module
  */
 
+import type { ChangeKind, LockChange } from "../contract.ts";
 import type { Inspection } from "./probes.ts";
 
-/**
- * What happened at a lock path:
- * - `present`: the lock was there when the watch began (first batch only);
- * - `started`: a run's record appeared, held;
- * - `released`: the run ended cleanly (its holder unlinked its file and
- *   let go), or a crashed run's file was removed;
- * - `crashed`: the holder died and left its record: the file is now stale;
- * - `taken over`: the file is a new live holder's, where a stale one was;
- * - `lost`: the run's file was deleted or replaced while its holder still
- *   holds it (that holder's `lock.signal` says so too).
- *
- * @example Counting the runs that ended badly
- * ```ts
- * import type { ChangeKind } from "@runlock/runlock";
- *
- * const bad = new Set<ChangeKind>(["crashed", "lost"]);
- * console.log(bad.has("released")); // false
- * ```
- */
-export type ChangeKind =
-  | "present"
-  | "started"
-  | "released"
-  | "crashed"
-  | "taken over"
-  | "lost";
+export type { ChangeKind };
 
 /**
  * One change at a lock path, with what a probe found after it.
@@ -47,11 +23,9 @@ export type ChangeKind =
  *   `${c.kind} ${c.path} pid=${c.inspection.pid} (${c.inspection.state})`;
  * ```
  */
-export interface Change {
+export interface Change extends LockChange<Inspection> {
   /** The lock file. */
   path: string;
-  /** What happened; `present` only in the first batch. */
-  kind: ChangeKind;
   /**
    * The path's state after the change, as {@linkcode inspect} gives it:
    * `held` after `started`, `present` and `taken over`; `stale` after
