@@ -7,12 +7,12 @@ import { process } from "../_process.ts";
 import { clearTimeout, setTimeout } from "node:timers";
 import { ContendedError, HeldError, RunlockError } from "../errors.ts";
 import { checkMeta } from "../meta.ts";
-import { keyOf, lockTagOf } from "./_key.ts";
+import type { AcquireHost } from "./_host.ts";
+import { keyOf, type LockTag, lockTagOf } from "./_key.ts";
 import { heldByThisProcess } from "./_lock.ts";
 import { checkName, checkTimeout, hostName, runtime } from "./_options.ts";
 import { find, heldError } from "./_probe.ts";
 import { REROUTED, type Session, sqlState } from "./_session.ts";
-import type { Statements } from "./_sql.ts";
 import { attempt, type Call, Queue } from "./_wait.ts";
 import { KeyCollisionError, PoolerError } from "./errors.ts";
 import type { PgAcquireOptions, PgLock } from "./types.ts";
@@ -26,38 +26,6 @@ const MAX_SPINS = 16;
  */
 const RECONNECT_FIRST_MS = 20;
 const RECONNECT_MAX_MS = 1_000;
-
-/** What the acquire procedure needs from its pgLocks object. */
-export interface AcquireHost {
-  readonly sql: Statements;
-  /** Milliseconds a short statement may take before its session counts as dead. */
-  readonly statementTimeout: number;
-  /** The heartbeat's timeout (ms): how late a slice's answer may be. */
-  readonly heartbeatTimeout: number;
-  /** The schema of the table: part of each name's advisory key. */
-  readonly schema: string;
-  /** The registry key of `name` (see heldByThisProcess). */
-  here(name: string): string;
-  /** A released session of this object, or a new one. */
-  take(
-    name: string,
-    signal?: AbortSignal,
-  ): Promise<{ session: Session; reused: boolean }>;
-  /** Keeps a session for reuse, or closes it. */
-  giveBack(session: Session): void;
-  /** Creates the table on first use (undefined once it exists). */
-  ensureTable(session: Session): Promise<void> | undefined;
-  /** A RunlockError for a statement the server refused. */
-  refused(name: string, action: string, err: unknown): RunlockError;
-  /** The lock object for a successful acquire statement's row. */
-  lock(
-    session: Session,
-    name: string,
-    row: Record<string, unknown>,
-    meta: Record<string, string>,
-    tag: { classid: string; objid: string },
-  ): PgLock;
-}
 
 /**
  * Takes the lock `name` for `host`'s pgLocks object: at once if free,
@@ -394,7 +362,7 @@ function lockOn(
   name: string,
   row: Record<string, unknown>,
   meta: Record<string, string>,
-  tag: { classid: string; objid: string },
+  tag: LockTag,
 ): PgLock {
   if (session.lost !== undefined) {
     throw new Error(

@@ -50,6 +50,12 @@ function hash(input: string): bigint {
   return new DataView(digest.buffer, digest.byteOffset, 8).getBigInt64(0);
 }
 
+/** A bigint advisory key as pg_locks shows it (see {@linkcode lockTagOf}). */
+export interface LockTag {
+  classid: string;
+  objid: string;
+}
+
 /**
  * How pg_locks shows a bigint advisory key: the high half in `classid`, the
  * low half in `objid` (both unsigned 32-bit oids), `objsubid` 1.
@@ -57,7 +63,7 @@ function hash(input: string): bigint {
  * @param key The advisory key.
  * @returns The key's two halves, as decimal strings.
  */
-export function lockTagOf(key: bigint): { classid: string; objid: string } {
+export function lockTagOf(key: bigint): LockTag {
   const unsigned = BigInt.asUintN(64, key);
   return {
     classid: String(unsigned >> 32n),

@@ -1,12 +1,13 @@
 // The lock object a successful acquire returns, and the registry of the
 // locks this process holds (locks are not reentrant).
 import { process } from "../_process.ts";
-import type { RunlockError } from "../errors.ts";
+import type { LockOwner } from "./_host.ts";
+import type { LockTag } from "./_key.ts";
 import { hostName } from "./_options.ts";
+import type { PgInspection } from "./_probe_types.ts";
 import { describe, isSessionError, type Session } from "./_session.ts";
-import type { Statements } from "./_sql.ts";
 import { SessionLostError } from "./errors.ts";
-import type { PgInspection, PgLock } from "./types.ts";
+import type { PgLock } from "./types.ts";
 
 /**
  * The locks this copy of runlock holds through any of its pgLocks objects,
@@ -99,19 +100,6 @@ export function hereKey(where: string, schema: string, name: string): string {
   return `${where}\0${schema}\0${name}`;
 }
 
-/** What a lock needs from the pgLocks object that handed it out. */
-export interface LockOwner {
-  readonly sql: Statements;
-  /** Milliseconds a short statement may take before its session counts as dead. */
-  readonly statementTimeout: number;
-  startHeartbeat(
-    session: Session,
-    tag: { classid: string; objid: string },
-  ): void;
-  refused(name: string, action: string, err: unknown): RunlockError;
-  giveBack(session: Session): void;
-}
-
 /** A held lock: its session, its record's fields and its loss signal. */
 export class PgLockImpl implements PgLock {
   readonly path: string;
@@ -122,7 +110,7 @@ export class PgLockImpl implements PgLock {
   readonly #controller = new AbortController();
   readonly #owner: LockOwner;
   readonly #session: Session;
-  readonly #tag: { classid: string; objid: string };
+  readonly #tag: LockTag;
   readonly #here: string;
   readonly #inProcess: string;
   #released = false;
@@ -133,7 +121,7 @@ export class PgLockImpl implements PgLock {
     name: string,
     row: Record<string, unknown>,
     meta: Record<string, string>,
-    tag: { classid: string; objid: string },
+    tag: LockTag,
     here: string,
   ) {
     this.#owner = owner;

@@ -6,7 +6,8 @@ import type { Session } from "./_session.ts";
 import type { Statements } from "./_sql.ts";
 import { ownedByThisProcess } from "./_lock.ts";
 import { ForeignHolderError } from "./errors.ts";
-import type { PgInspection } from "./types.ts";
+import type { LockTag } from "./_key.ts";
+import type { PgInspection } from "./_probe_types.ts";
 
 /** What a probe read. */
 export interface Found {
@@ -164,7 +165,7 @@ export async function find(
   timeout: number,
   name: string,
   key: bigint,
-  tag: { classid: string; objid: string },
+  tag: LockTag,
 ): Promise<Found> {
   let found: Found | undefined;
   for (let i = 0; i < 4; i++) {

@@ -5,7 +5,7 @@ import { LONE_SURROGATE } from "./_options.ts";
 import { interpret } from "./_probe.ts";
 import type { Session } from "./_session.ts";
 import type { Statements } from "./_sql.ts";
-import type { PgInspection } from "./types.ts";
+import type { PgInspection } from "./_probe_types.ts";
 
 /** One name a scan read. */
 export interface Scanned {

@@ -16,31 +16,13 @@ import {
   scanTable,
 } from "./_scan.ts";
 import { isSessionError, type Session } from "./_session.ts";
-import type { Statements } from "./_sql.ts";
+import type { WatchHost } from "./_host.ts";
 import type {
   PgChange,
   PgChangeKind,
   PgInspection,
   PgWatchOptions,
-} from "./types.ts";
-
-/** What a watch needs of its pgLocks object. */
-export interface WatchHost {
-  readonly sql: Statements;
-  readonly schema: string;
-  readonly statementTimeout: number;
-  openProbe(
-    name: string,
-    action: string,
-    signal?: AbortSignal,
-  ): Promise<Session>;
-  refused(name: string, action: string, err: unknown): RunlockError;
-  /**
-   * Keeps `stop` until the returned function is called: end() calls
-   * every `stop` kept, and waits for each.
-   */
-  track(stop: () => Promise<void>): () => void;
-}
+} from "./_probe_types.ts";
 
 /** The default milliseconds between two polls. */
 export const DEFAULT_INTERVAL = 1_000;

@@ -22,18 +22,20 @@
  * @module
  */
 
-export {
-  type PgAcquireOptions,
-  type PgChange,
-  type PgChangeKind,
-  type PgInspection,
-  type PgLock,
-  type PgLocks,
-  pgLocks,
-  type PgLocksOptions,
-  type PgScanOptions,
-  type PgWatchOptions,
-} from "./pg_locks.ts";
+export { pgLocks } from "./pg_locks.ts";
+export type {
+  PgAcquireOptions,
+  PgLock,
+  PgLocks,
+  PgLocksOptions,
+} from "./types.ts";
+export type {
+  PgChange,
+  PgChangeKind,
+  PgInspection,
+  PgScanOptions,
+  PgWatchOptions,
+} from "./_probe_types.ts";
 export { KeyCollisionError, PoolerError } from "./errors.ts";
 export { type PgSetupOptions, pgSetupSql } from "./_schema.ts";
 export {

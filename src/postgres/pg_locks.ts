@@ -7,11 +7,12 @@
 
 import { clearInterval, setInterval } from "node:timers";
 import { RunlockError } from "../errors.ts";
-import { acquire, type AcquireHost } from "./_acquire.ts";
+import { acquire } from "./_acquire.ts";
+import type { AcquireHost, WatchHost } from "./_host.ts";
 import { bind } from "./_bind.ts";
 import { granted } from "./_deno.ts";
-import { keyOf, lockTagOf } from "./_key.ts";
-import { hereKey, type LockOwner, PgLockImpl } from "./_lock.ts";
+import { keyOf, type LockTag, lockTagOf } from "./_key.ts";
+import { hereKey, PgLockImpl } from "./_lock.ts";
 import { connectError, refused } from "./_messages.ts";
 import {
   checkName,
@@ -40,32 +41,22 @@ import {
 import { KeyCollisionError } from "./errors.ts";
 import { watchLocks } from "./_watch.ts";
 import type {
-  PgAcquireOptions,
   PgChange,
   PgInspection,
+  PgScanOptions,
+  PgWatchOptions,
+} from "./_probe_types.ts";
+import type {
+  PgAcquireOptions,
   PgLock,
   PgLocks,
   PgLocksOptions,
-  PgScanOptions,
-  PgWatchOptions,
-} from "./types.ts";
-
-export type {
-  PgAcquireOptions,
-  PgChange,
-  PgChangeKind,
-  PgInspection,
-  PgLock,
-  PgLocks,
-  PgLocksOptions,
-  PgScanOptions,
-  PgWatchOptions,
 } from "./types.ts";
 
 /** Released sessions close after this long unused. */
 const IDLE_MS = 10_000;
 
-class PgLocksImpl implements PgLocks, AcquireHost, LockOwner {
+class PgLocksImpl implements PgLocks, AcquireHost, WatchHost {
   readonly sql: Statements;
   readonly #schema: string;
   readonly #options: Options;
@@ -119,10 +110,7 @@ class PgLocksImpl implements PgLocks, AcquireHost, LockOwner {
     return this.#options.heartbeatTimeout;
   }
 
-  startHeartbeat(
-    session: Session,
-    tag: { classid: string; objid: string },
-  ): void {
+  startHeartbeat(session: Session, tag: LockTag): void {
     // The heartbeat asks pg_locks whether this very server session still
     // holds the key (guarded: only the session this client bound
     // answers), never a bare round trip that a balancer could answer
@@ -294,7 +282,7 @@ class PgLocksImpl implements PgLocks, AcquireHost, LockOwner {
     name: string,
     row: Record<string, unknown>,
     meta: Record<string, string>,
-    tag: { classid: string; objid: string },
+    tag: LockTag,
   ): PgLock {
     return new PgLockImpl(this, session, name, row, meta, tag, this.here(name));
   }

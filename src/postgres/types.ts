@@ -1,24 +1,17 @@
 /**
  * The public types of runlock's PostgreSQL backend: the options of
- * {@linkcode pgLocks}, the lock it hands out and what a probe reads.
+ * {@linkcode pgLocks}, the lock it hands out and the object's methods
+ * (what a probe reads is in _probe_types.ts).
  *
  * @module
  */
 
-// deno-lint-ignore no-unused-vars
-import type { pgLocks } from "./pg_locks.ts";
 import type {
   PgChange,
+  PgInspection,
   PgScanOptions,
   PgWatchOptions,
-} from "./_watch_types.ts";
-
-export type {
-  PgChange,
-  PgChangeKind,
-  PgScanOptions,
-  PgWatchOptions,
-} from "./_watch_types.ts";
+} from "./_probe_types.ts";
 
 /**
  * Options for {@linkcode pgLocks}. Every field has a default; the
@@ -199,67 +192,6 @@ export interface PgLock extends AsyncDisposable {
    * lock was held (mutual exclusion was not guaranteed all along).
    */
   release(): Promise<void>;
-}
-
-/**
- * What {@linkcode PgLocks.inspect} found for a lock name. The fields of a
- * file lock's `Inspection`, plus the record's `meta`, `runtime` and
- * `fence`, and the holder's server process (`backendPid`).
- *
- * @example Reading an inspection
- * ```ts
- * import { pgLocks, type PgInspection } from "@runlock/runlock/postgres";
- * import assert from "node:assert/strict";
- *
- * const url = Deno.env.get("RUNLOCK_TEST_PG_URL") ?? "postgres://postgres@127.0.0.1/postgres";
- * await using locks = pgLocks(url);
- * await using lock = await locks.acquire("example/inspection", { meta: { cmd: "sync" } });
- * const info: PgInspection = await locks.inspect("example/inspection");
- * assert.equal(info.state, "held");
- * assert.equal(info.pid, Deno.pid);
- * assert.deepEqual(info.meta, { cmd: "sync" });
- * assert.equal(info.fence, lock.fence);
- * assert.equal(info.runtime, "deno");
- * ```
- */
-export interface PgInspection {
-  /** The lock name. */
-  path: string;
-  /**
-   * - `free`: no record, or its holder released it.
-   * - `held`: a live session holds the lock (its advisory lock is granted
-   *   in `pg_locks`).
-   * - `stale`: a record whose holder's session is gone (crashed, killed,
-   *   evicted) without releasing; the next acquire takes over.
-   * - `invalid`: the name's advisory key collides with another name's
-   *   (see `reason`); acquire fails with {@linkcode KeyCollisionError}.
-   */
-  state: "free" | "held" | "stale" | "invalid";
-  /** The holder's PID (held) or the last holder's (stale); else 0. */
-  pid: number;
-  /** The holder's host, or `""`. */
-  host: string;
-  /** When the holder took the lock. */
-  started: Date | undefined;
-  /**
-   * `true` when the key is held by a database session that is not a
-   * runlock holder (another application's advisory lock on the same
-   * key); `pid` is then 0 and `reason` names the session.
-   */
-  foreign: boolean;
-  /** For `invalid` and foreign holders: what was found. */
-  reason: string | undefined;
-  /** The holder's `meta` (held or stale), else `{}`. */
-  meta: Record<string, string>;
-  /** The holder's runtime (`deno`, `node`, `bun`), or `""`. */
-  runtime: string;
-  /** The last fence given out for this name, or undefined if never taken. */
-  fence: bigint | undefined;
-  /**
-   * The server process of the session holding the lock (0 when none):
-   * `SELECT pg_terminate_backend(backendPid)` evicts a hung holder.
-   */
-  backendPid: number;
 }
 
 /**
