@@ -41,7 +41,7 @@
 // session still holds the key: a statement that reaches another server
 // session fails, and can neither take, keep nor release a lock there.
 import { PoolerError } from "./errors.ts";
-import { SESSION_SETTING } from "./_sql.ts";
+import { SESSION_SETTING } from "./_settings.ts";
 import type { Session } from "./_session.ts";
 
 /** Step 1, and 1a on the second connection. */

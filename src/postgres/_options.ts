@@ -5,7 +5,7 @@ import { hostname } from "node:os";
 import { process } from "../_process.ts";
 import { redact } from "../_redact.ts";
 import { granted } from "./_deno.ts";
-import { optionValue } from "./_sql.ts";
+import { optionValue } from "./_settings.ts";
 import type { PgLocksOptions } from "./types.ts";
 
 /** Every option of pgLocks, with its default. */

@@ -1,7 +1,8 @@
-// The statements of the waiting queue (see _wait.ts).
-import { guarded, tableName, upsert } from "./_sql.ts";
+// The statements of the waiting queue (_wait.ts describes the protocol).
+import { tableName } from "./_ddl.ts";
+import { guarded, upsert } from "./_sql.ts";
 
-// Used only by _wait.ts, which describes the protocol. In short: a waiter
+// In short: a waiter
 // holds the queue's marker (queue, 0) in share mode, which keeps
 // newcomers from taking the lock past the queue (tryUnqueued), and
 // takes a ticket and holds a queue node of its own, the session-level
@@ -16,7 +17,6 @@ import { guarded, tableName, upsert } from "./_sql.ts";
 // in the key's queue before the new holder can release it. Each waiting
 // statement still ends after a slice (lock_timeout), so no snapshot is
 // held for long; a waiter that waits again keeps its ticket, so its place.
-// ---------------------------------------------------------------------------
 
 /** The statements of the waiting queue, for the table `schema.runlock_locks`. */
 export interface QueueStatements {

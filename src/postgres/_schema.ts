@@ -3,18 +3,14 @@
 // which DDL (run once by someone who may) fixes it.
 import { type Session, sqlState } from "./_session.ts";
 import { checkIdentifier } from "./_options.ts";
-import {
-  grantStatements,
-  quoteIdent,
-  setupStatements,
-  type Statements,
-} from "./_sql.ts";
+import { grantStatements, quoteIdent, setupStatements } from "./_ddl.ts";
+import type { Statements } from "./_sql.ts";
 
 /**
  * The server refused to create the schema or the table for lack of a
  * privilege (42501). Its message says what runlock was creating, the
  * grant that lets the role create it, and the DDL to run once instead;
- * `refused` (in _options.ts) puts the lock name and the server in front.
+ * `refused` (in _messages.ts) puts the lock name and the server in front.
  */
 export class CreateRefused extends Error {
   /** The advice in parts, for a caller that lays it out (the CLI). */
@@ -145,7 +141,7 @@ function setupAdvice(
     owner,
     grant,
     schemaArgument: schemaArgument(schema),
-    sql: ddl(schema, role, !schemaExists).flatMap((statement) =>
+    sql: setupStatements(schema, role, !schemaExists).flatMap((statement) =>
       statement.split("\n")
     ),
   };
@@ -175,42 +171,6 @@ export function schemaArgument(schema: string): string {
   return /^[A-Za-z0-9_@%+=:,./-]+$/.test(schema)
     ? ` --schema=${schema}`
     : ` --schema='${schema.replaceAll("'", `'\\''`)}'`;
-}
-
-/** A string literal, read the same whatever standard_conforming_strings. */
-function quoteLiteral(text: string): string {
-  const body = `'${text.replaceAll("'", "''")}'`;
-  return text.includes("\\") ? `E${body.replaceAll("\\", "\\\\")}` : body;
-}
-
-/**
- * The DDL to run once (see setupStatements), the schema created only when
- * pg_namespace lacks it: `CREATE SCHEMA IF NOT EXISTS` checks CREATE on
- * the database first, which the owner of an existing schema may lack.
- */
-function ddl(
-  schema: string,
-  role: string | undefined,
-  withSchema: boolean,
-): string[] {
-  if (!withSchema) return setupStatements(schema, role, false);
-  let tag = "$runlock$";
-  while (schema.includes(tag)) tag = `${tag.slice(0, -1)}_$`;
-  return [
-    [
-      `DO ${tag}`,
-      `BEGIN`,
-      `  IF NOT EXISTS (SELECT FROM pg_catalog.pg_namespace`,
-      `                 WHERE nspname OPERATOR(pg_catalog.=) ${
-        quoteLiteral(schema)
-      }) THEN`,
-      `    CREATE SCHEMA ${quoteIdent(schema)};`,
-      `  END IF;`,
-      `END`,
-      `${tag};`,
-    ].join("\n"),
-    ...setupStatements(schema, role, false),
-  ];
 }
 
 /** Options of {@linkcode pgSetupSql}. */
@@ -273,7 +233,7 @@ export function pgSetupSql(options: PgSetupOptions = {}): string {
       `-- on the database).`,
     );
   }
-  lines.push(...ddl(schema, undefined, schema !== "public"));
+  lines.push(...setupStatements(schema, undefined, schema !== "public"));
   if (role === undefined) {
     lines.push(
       `-- A role that takes locks needs USAGE on the schema and SELECT,`,

@@ -1,8 +1,8 @@
-// Every statement the PostgreSQL backend sends, one named constant each,
-// and the session settings sent with each connection. Values are always
-// parameters ($1, $2, ...). The only text spliced in is the table's
-// identifier, quoted by `quoteIdent` (identifiers cannot be parameters),
-// once per pgLocks object.
+// Every statement the PostgreSQL backend sends, one named constant each
+// (the queue's are in _queue_sql.ts, the table's DDL in _ddl.ts). Values
+// are always parameters ($1, $2, ...). The only text spliced in is the
+// table's identifier, quoted by `quoteIdent` (identifiers cannot be
+// parameters), once per pgLocks object.
 //
 // Every system function, table, type and operator is named with its
 // schema (pg_catalog.pg_try_advisory_lock, pg_catalog.pg_locks,
@@ -10,8 +10,8 @@
 // a schema of its own before pg_catalog (`SET search_path = app,
 // pg_catalog`) makes a bare name mean that schema's function, view or
 // operator [search] (reproduced: an impostor pg_try_advisory_lock that
-// returns true gave two holders). The pinned search_path below already
-// puts pg_catalog first; the qualified names hold even without it. SQL
+// returns true gave two holders). The pinned search_path (_settings.ts)
+// already puts pg_catalog first; the qualified names hold even without it. SQL
 // keywords that name types (bigint, integer, boolean) are not looked up
 // in search_path and stay bare.
 //
@@ -23,93 +23,13 @@
 //   [upsert]    §13.2.1 Read Committed Isolation Level (INSERT ... ON
 //               CONFLICT DO UPDATE), and INSERT, "ON CONFLICT Clause"
 //   [with]      §7.8.4 Data-Modifying Statements in WITH
-//   [cancel]    §55.2.8 Canceling Requests in Progress
 //   [stats]     §28.2.3 pg_stat_activity (backend_xmin)
 //   [search]    §5.9.3 The Schema Search Path ("pg_catalog ... is
 //               searched after ... if it is listed later in the path"),
 //               §10.2 Operators and §10.3 Functions (both resolved
 //               through the path)
-//   [options]   §55.7 Message Formats, StartupMessage "options" (spaces
-//               separate arguments unless escaped with a backslash), as
-//               libpq's PGOPTIONS (§20.1.4)
-//   [guc]       PostgreSQL's src/include/utils/guc.h, enum GucSource: a
-//               value from the client at connection start (PGC_S_CLIENT)
-//               ranks above ALTER ROLE/DATABASE ... SET (PGC_S_USER,
-//               PGC_S_DATABASE, PGC_S_DATABASE_USER), ALTER SYSTEM and
-//               postgresql.conf (PGC_S_FILE); tested, one setting each,
-//               in tests/postgres_settings_test.ts
-
-/**
- * The server settings every runlock session starts with, sent in the
- * startup packet ("options", `-c name=value` [options]). A value set
- * there wins over ALTER ROLE ... SET, ALTER DATABASE ... SET,
- * ALTER SYSTEM and postgresql.conf [guc], and nothing else runs on these
- * sessions to change it. Each one is pinned because a common setting of
- * the role, database or server broke a promise:
- *
- * - tcp_keepalives_*, tcp_user_timeout: the server drops a vanished
- *   client in seconds (§20.3.1), before our heartbeat gives up.
- * - statement_timeout, lock_timeout, idle_in_transaction_session_timeout,
- *   idle_session_timeout = 0: a wait is one long statement and an idle
- *   holder's session is the lock; none may be cut (our waits set
- *   lock_timeout per statement).
- * - synchronous_commit = on: the record and its fence are durable (WAL
- *   flushed, and replicated to synchronous standbys if any) before
- *   acquire returns. With `off` (a common tuning) a postmaster crash lost
- *   the last commits and the next holder got a fence already handed out.
- * - default_transaction_isolation = 'read committed': the acquire
- *   statements rely on ON CONFLICT DO UPDATE reading the latest committed
- *   row [upsert]; under repeatable read or serializable every waiter
- *   failed at the hand-off with 40001.
- * - default_transaction_read_only = off: so that only a server that truly
- *   cannot write (a hot standby) refuses the record.
- * - search_path = pg_catalog, pg_temp: no user function, view or
- *   operator can stand in for a system one [search].
- * - DateStyle = ISO: the client parses timestamps only in ISO output; a
- *   role with 'SQL, DMY' or 'German' made acquiredAt null.
- *
- * Values are written as the startup "options" string needs them (a
- * space escaped with a backslash): the session joins them as
- * `-c name=value`, unchanged.
- */
-export function sessionSettings(o: {
-  keepalivesIdle: number;
-  keepalivesInterval: number;
-  keepalivesCount: number;
-  tcpUserTimeout: number;
-}): Record<string, string> {
-  return {
-    tcp_keepalives_idle: String(o.keepalivesIdle),
-    tcp_keepalives_interval: String(o.keepalivesInterval),
-    tcp_keepalives_count: String(o.keepalivesCount),
-    tcp_user_timeout: String(o.tcpUserTimeout),
-    statement_timeout: "0",
-    lock_timeout: "0",
-    idle_in_transaction_session_timeout: "0",
-    idle_session_timeout: "0",
-    synchronous_commit: "on",
-    default_transaction_isolation: optionValue("read committed"),
-    default_transaction_read_only: "off",
-    search_path: "pg_catalog,pg_temp",
-    DateStyle: "ISO",
-  };
-}
-
-/**
- * A value for the startup "options" string: the server splits it at
- * whitespace, and a backslash keeps the next character (a space, a
- * backslash) in the value [options].
- */
-export function optionValue(value: string): string {
-  return value.replace(/[\\\s]/g, (c) => `\\${c}`);
-}
-
-/**
- * The custom setting that names the client of a lock session: a random
- * nonce the client sets once, on a server session that has none (see
- * _bind.ts). Only the session this client opened has it.
- */
-export const SESSION_SETTING = "runlock.session";
+import { quoteIdent, tableDefinition, tableName } from "./_ddl.ts";
+import { SESSION_SETTING } from "./_settings.ts";
 
 /** Begins the message of a statement that reached another server session. */
 export const GUARD_MARK = "runlock: not this client's server session";
@@ -139,11 +59,6 @@ export function guarded(expr: string, type: string, n: number): string {
         pg_catalog.current_setting('${SESSION_SETTING}', true), '')
         OPERATOR(pg_catalog.=) '' THEN 'not set)' ELSE 'another)' END)::${type}
     END)`;
-}
-
-/** Double-quotes an identifier (`"a""b"`), for the one thing we cannot bind. */
-export function quoteIdent(name: string): string {
-  return `"${name.replaceAll('"', '""')}"`;
 }
 
 /** The statements for one table, `schema.runlock_locks`. */
@@ -210,61 +125,6 @@ export const upsert = (table: string, source: string) =>
      runtime = EXCLUDED.runtime, meta = EXCLUDED.meta,
      backend_pid = EXCLUDED.backend_pid
    RETURNING fence::pg_catalog.text AS fence, started`;
-
-/**
- * The table's columns, for the DDL run on first use and the DDL printed
- * for a DBA (`setupSql`): one definition, so the two cannot drift.
- */
-const tableDefinition = (table: string) =>
-  `CREATE TABLE IF NOT EXISTS ${table} (
-        name pg_catalog.text PRIMARY KEY,
-        key bigint NOT NULL UNIQUE,
-        fence bigint NOT NULL,
-        pid integer NOT NULL,
-        host pg_catalog.text NOT NULL,
-        started pg_catalog.timestamptz NOT NULL,
-        runtime pg_catalog.text NOT NULL,
-        meta pg_catalog.jsonb NOT NULL DEFAULT '{}',
-        backend_pid integer
-      )`;
-
-/** The table `schema.runlock_locks`, quoted. */
-export function tableName(schema: string): string {
-  return `${quoteIdent(schema)}.runlock_locks`;
-}
-
-/**
- * The statements a DBA runs once so that roles without CREATE can take
- * locks: the schema (when `withSchema`), the table, and, for `role`, the
- * grants of `grantStatements`. Idempotent.
- */
-export function setupStatements(
-  schema: string,
-  role: string | undefined,
-  withSchema: boolean,
-): string[] {
-  return [
-    ...(withSchema
-      ? [`CREATE SCHEMA IF NOT EXISTS ${quoteIdent(schema)};`]
-      : []),
-    `${tableDefinition(tableName(schema)).replaceAll("\n      ", "\n")};`,
-    ...(role === undefined ? [] : grantStatements(schema, role)),
-  ];
-}
-
-/**
- * What a role needs to take locks in a table it did not create: USAGE on
- * the schema; SELECT, INSERT and UPDATE on the table (never DELETE: rows
- * are kept, so fences never restart).
- */
-export function grantStatements(schema: string, role: string): string[] {
-  return [
-    `GRANT USAGE ON SCHEMA ${quoteIdent(schema)} TO ${quoteIdent(role)};`,
-    `GRANT SELECT, INSERT, UPDATE ON ${tableName(schema)} TO ${
-      quoteIdent(role)
-    };`,
-  ];
-}
 
 /** Builds the statements for the table `schema.runlock_locks`. */
 export function statements(schema: string): Statements {
@@ -515,5 +375,3 @@ export function statements(schema: string): Statements {
       FROM (SELECT ${guarded("true", "boolean", 3)} AS ok) g WHERE g.ok`,
   };
 }
-
-// ---------------------------------------------------------------------------

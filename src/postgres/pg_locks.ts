@@ -32,12 +32,8 @@ import {
 } from "./_scan.ts";
 import { createTable } from "./_schema.ts";
 import { Session, type SessionConfig, sqlState } from "./_session.ts";
-import {
-  SESSION_SETTING,
-  sessionSettings,
-  type Statements,
-  statements,
-} from "./_sql.ts";
+import { SESSION_SETTING, sessionSettings } from "./_settings.ts";
+import { type Statements, statements } from "./_sql.ts";
 import { KeyCollisionError } from "./errors.ts";
 import { watchLocks } from "./_watch.ts";
 import type {
@@ -90,7 +86,7 @@ class PgLocksImpl implements PgLocks, AcquireHost, WatchHost {
       connectTimeout: o.connectTimeout,
       // The settings pinned in the startup packet, which win over the
       // role's, the database's, the server's and the URL's (sent after
-      // the URL's own `options`; see _sql.ts and _options.ts).
+      // the URL's own `options`; see _settings.ts and _options.ts).
       settings: {
         ...this.#target.settings,
         ...this.#pinned,
