@@ -12,7 +12,8 @@ import { keyOf, type LockTag, lockTagOf } from "./_key.ts";
 import { heldByThisProcess } from "./_lock.ts";
 import { checkName, checkTimeout, hostName, runtime } from "./_options.ts";
 import { find, heldError } from "./_probe.ts";
-import { REROUTED, type Session, sqlState } from "./_session.ts";
+import { causeOf, messageOf, REROUTED, sqlState } from "./_failure.ts";
+import type { Session } from "./_session.ts";
 import { attempt, type Call, Queue } from "./_wait.ts";
 import { KeyCollisionError, PoolerError } from "./errors.ts";
 import type { PgAcquireOptions, PgLock } from "./types.ts";
@@ -179,20 +180,17 @@ const NOT_THERE = new Set([
  * the waiters of a restart reconnecting at once).
  */
 function comingBack(err: unknown): boolean {
-  const cause = (err as { cause?: unknown } | null)?.cause ?? err;
+  const cause = causeOf(err) ?? err;
   const code = (cause as { code?: unknown } | null)?.code;
   if (typeof code === "string" && NOT_THERE.has(code)) return true;
   const state = sqlState(cause);
   if (state !== undefined) return /^57P0[1-3]$|^53300$/.test(state);
-  return /Connection terminated|timeout expired/i.test(
-    String((cause as { message?: unknown } | null)?.message ?? cause),
-  );
+  return /Connection terminated|timeout expired/i.test(messageOf(cause));
 }
 
 /** Whether a failed connection got an answer from a server (a SQLSTATE). */
 function serverAnswered(err: unknown): boolean {
-  const cause = (err as { cause?: unknown } | null)?.cause ?? err;
-  return sqlState(cause) !== undefined;
+  return sqlState(causeOf(err) ?? err) !== undefined;
 }
 
 /** Resolves after `ms`, or rejects with the signal's reason on its abort. */

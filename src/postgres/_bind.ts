@@ -40,9 +40,10 @@
 // _sql.ts), and the heartbeat asks pg_locks whether this very server
 // session still holds the key: a statement that reaches another server
 // session fails, and can neither take, keep nor release a lock there.
-import { PoolerError } from "./errors.ts";
-import { SESSION_SETTING } from "./_settings.ts";
+import { messageOf } from "./_failure.ts";
 import type { Session } from "./_session.ts";
+import { SESSION_SETTING } from "./_settings.ts";
+import { PoolerError } from "./errors.ts";
 
 /** Step 1, and 1a on the second connection. */
 const BACKEND = "SELECT pg_catalog.pg_backend_pid() AS backend";
@@ -80,7 +81,7 @@ function newNonce(): string {
 }
 
 /** What binding needs. */
-export interface BindContext {
+interface BindContext {
   /** The lock name, for messages. */
   name: string;
   /** runlock's session settings (as the startup options write them). */
@@ -129,7 +130,7 @@ async function bindOrRefuse(
       throw new PoolerError(
         name,
         `the pooler refused to open a transaction (${
-          String((err as Error)?.message ?? err).split("\n")[0]
+          messageOf(err).split("\n")[0]
         })`,
         { cause: err },
       );

@@ -1,11 +1,12 @@
 // The lock object a successful acquire returns, and the registry of the
 // locks this process holds (locks are not reentrant).
 import { process } from "../_process.ts";
+import { describe, isSessionError } from "./_failure.ts";
 import type { LockOwner } from "./_host.ts";
 import type { LockTag } from "./_key.ts";
 import { hostName } from "./_options.ts";
 import type { PgInspection } from "./_probe_types.ts";
-import { describe, isSessionError, type Session } from "./_session.ts";
+import type { Session } from "./_session.ts";
 import { SessionLostError } from "./errors.ts";
 import type { PgLock } from "./types.ts";
 

@@ -5,19 +5,15 @@ import { redact } from "../_redact.ts";
 import { RunlockError } from "../errors.ts";
 import type { Options, Target } from "./_options.ts";
 import { CreateRefused, schemaArgument, SETUP_ADVICE } from "./_schema.ts";
-import {
-  ClientMissing,
-  describe,
-  isSessionError,
-  sqlState,
-} from "./_session.ts";
+import { ClientMissing } from "./_client.ts";
+import { describe, isSessionError, messageOf, sqlState } from "./_failure.ts";
 
 /**
  * `text` (a message) with the URL's password, in each form the caller gave
  * it, and any URL's password masked: {@linkcode redact} with the target's
  * secrets.
  */
-export function scrub(target: Target, text: string): string {
+function scrub(target: Target, text: string): string {
   return redact(text, { secrets: target.secrets, as: "message" });
 }
 
@@ -27,7 +23,7 @@ export function scrub(target: Target, text: string): string {
  * (53200); hint: You might need to increase max_locks_per_transaction.`),
  * on one line. The hint is often the fix.
  */
-export function serverSaid(err: unknown): string {
+function serverSaid(err: unknown): string {
   const e = err as { detail?: unknown; hint?: unknown } | null;
   const line = (v: unknown) =>
     typeof v === "string" ? v.trim().replace(/\s*\n\s*/g, " ") : "";
@@ -146,9 +142,7 @@ export function connectError(
   if (err instanceof ClientMissing) {
     // Its cause's text (a registry's error) may name a URL too; the rest
     // is runlock's own (which names npm:pg@…, no password).
-    const cause = (err.cause as { message?: unknown } | null)?.message ??
-      err.cause;
-    const why = String(cause).split("\n")[0];
+    const why = messageOf(err.cause).split("\n")[0];
     return new RunlockError(
       name,
       `${name}: ${err.message.replace(why, scrub(target, why))}`,

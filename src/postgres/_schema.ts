@@ -1,7 +1,8 @@
 // Creating the schema and the table of lock records on first use; and,
 // for a role that may not create them, the error that says which grant or
 // which DDL (run once by someone who may) fixes it.
-import { type Session, sqlState } from "./_session.ts";
+import { sqlState } from "./_failure.ts";
+import type { Session } from "./_session.ts";
 import { checkIdentifier } from "./_options.ts";
 import { grantStatements, quoteIdent, setupStatements } from "./_ddl.ts";
 import type { Statements } from "./_sql.ts";

@@ -1,95 +1,16 @@
 // One PostgreSQL session (one connection, one server backend), the unit a
 // lock lives in: the advisory lock belongs to the session and ends with it.
-// The only file that touches the client library.
-//
-// Why node-postgres (`pg`) and not postgres.js (`postgres`), measured here
-// on Deno, Node and Bun: a pg Client is exactly one session and never
-// reconnects behind our back: after pg_terminate_backend its next query
-// fails ("not queryable"), so a lost lock is seen. postgres.js silently
-// ran the next query on a NEW session (a lock would vanish without a
-// trace), and a reserved connection used after termination crashed the
-// process with an uncatchable TypeError from a setImmediate (socket.write
-// on null; porsager/postgres#1154, open). pg also reported the loss
-// sooner (2-3 ms vs 8-15 ms), connected faster (about 2 ms vs 5-6 ms),
-// and can unref its socket, so idle sessions never keep a process alive.
-// Startup settings (`options: "-c ..."`) work in both; cancelation we do
-// ourselves (CancelRequest, below). pg is bigger (14 small packages,
-// ~1 MB) but is loaded only on the first connection.
-import { connect as netConnect } from "node:net";
-import {
-  clearInterval,
-  clearTimeout,
-  setInterval,
-  setTimeout,
-} from "node:timers";
+// The client library itself is behind _client.ts.
+import { clearInterval, setInterval } from "node:timers";
+import { loadClient, type PgClient, sendCancel } from "./_client.ts";
 import { deadline, pause } from "./_clock.ts";
-import { GUARD_MARK } from "./_sql.ts";
-
-/** The part of node-postgres's Client that runlock uses. */
-interface PgClient {
-  connect(): Promise<void>;
-  query(
-    config: { text: string; values?: unknown[]; name?: string },
-  ): Promise<{ rows: Record<string, unknown>[] }>;
-  on(event: "error", listener: (err: Error) => void): void;
-  on(event: "end", listener: () => void): void;
-  end(): Promise<void>;
-  ref(): void;
-  unref(): void;
-  readonly processID: number | null;
-  readonly secretKey: number | null;
-  readonly host: string;
-  readonly port: number;
-  readonly connection: { stream: { destroy(): void } };
-}
-
-type ClientClass = new (config: Record<string, unknown>) => PgClient;
-let clientClass: Promise<ClientClass> | undefined;
-
-/**
- * Loads node-postgres on the first connection, not at import: importing
- * runlock's PostgreSQL entry costs nothing until it is used, and under
- * Deno the client's import-time read of $USER happens only after the
- * permission check has turned a missing --allow-env into a clear error
- * instead of a prompt. A literal specifier, so `deno compile` and `bun
- * build --compile` still bundle it.
- */
-function loadClient(): Promise<ClientClass> {
-  // The full specifier, so that Deno needs no import map for it (a project
-  // using runlock from a clone, a `deno install`ed CLI); the npm build
-  // makes it "pg", an optional peer dependency there.
-  clientClass ??= import("npm:pg@8.23.1").then(
-    (m) => ((m.default ?? m) as { Client: ClientClass }).Client,
-    (err) => {
-      clientClass = undefined;
-      throw new ClientMissing(err);
-    },
-  );
-  return clientClass;
-}
-
-/**
- * The PostgreSQL client module could not be loaded: not installed (npm:
- * it is an optional peer dependency), or, under Deno, not downloadable
- * (no registry, `--cached-only`). Named as such, never as a connection
- * failure.
- */
-export class ClientMissing extends Error {
-  constructor(cause: unknown) {
-    const why = (cause as { message?: unknown } | null)?.message ?? cause;
-    // The specifier in two pieces: scripts/build_npm.ts rewrites quoted
-    // npm: specifiers to bare names.
-    const how = "Deno" in globalThis
-      ? `Deno downloads npm:${"pg@8.23.1"} from the npm registry on first use`
-      : "install it with `npm install pg` (or `bun add pg`)";
-    super(
-      `runlock's PostgreSQL backend needs the client node-postgres ("pg", 8.x), ` +
-        `which could not be loaded (${String(why).split("\n")[0]}); ${how}`,
-      { cause },
-    );
-    this.name = "ClientMissing";
-  }
-}
+import {
+  describe,
+  isGuardError,
+  isSessionError,
+  messageOf,
+  REROUTED,
+} from "./_failure.ts";
 
 /** How to open a session. */
 export interface SessionConfig {
@@ -113,64 +34,7 @@ export interface SessionConfig {
  * "unsupported startup parameter: options" (08P01).
  */
 function refusesOptions(err: unknown): boolean {
-  return /unsupported startup parameter:? *"?options/i.test(
-    String((err as { message?: unknown } | null)?.message ?? err),
-  );
-}
-
-/**
- * A PostgreSQL error's SQLSTATE, or undefined for other errors. Only an
- * error the server sent counts (node-postgres's DatabaseError, which
- * carries the report's severity): a socket's EPIPE or ECONNRESET is also
- * five capital letters.
- */
-export function sqlState(err: unknown): string | undefined {
-  const e = err as { code?: unknown; severity?: unknown } | null;
-  const code = e?.code;
-  return typeof code === "string" && /^[0-9A-Z]{5}$/.test(code) &&
-      typeof e?.severity === "string"
-    ? code
-    : undefined;
-}
-
-/**
- * Whether a statement failed because it reached a server session this
- * client did not bind: its guard (see `guarded` in _sql.ts) refused it.
- */
-export function isGuardError(err: unknown): boolean {
-  const message = (err as { message?: unknown } | null)?.message;
-  return typeof message === "string" && message.includes(GUARD_MARK);
-}
-
-/**
- * Whether an error means the session itself is gone (as opposed to one
- * statement failing): no SQLSTATE (socket errors, "Connection terminated"),
- * a FATAL/PANIC report, class 08 (connection exception) or 57P0x (the
- * server is shutting down or terminated us: admin_shutdown 57P01,
- * crash_shutdown 57P02, cannot_connect_now 57P03).
- */
-export function isSessionError(err: unknown): boolean {
-  const state = sqlState(err);
-  const severity = (err as { severity?: unknown } | null)?.severity;
-  return state === undefined || severity === "FATAL" ||
-    severity === "PANIC" || state.startsWith("08") ||
-    state.startsWith("57P") || isGuardError(err);
-}
-
-/** What a guard's refusal means, in a person's words. */
-export const REROUTED =
-  "had a statement sent to a server session this client did not open " +
-  "(a pooler in transaction or statement mode, or a load balancer, between " +
-  "runlock and PostgreSQL)";
-
-/** A short description of why a session ended. */
-export function describe(err: unknown): string {
-  if (isGuardError(err)) return REROUTED;
-  const e = err as { message?: unknown; code?: unknown } | null;
-  const message = typeof e?.message === "string" ? e.message : String(err);
-  return typeof e?.code === "string" && !message.includes(e.code)
-    ? `${message} (${e.code})`
-    : message;
+  return /unsupported startup parameter:? *"?options/i.test(messageOf(err));
 }
 
 // What keeps the process alive while a caller awaits a statement. Sockets
@@ -520,7 +384,7 @@ export class Session {
       let gap = CANCEL_FIRST_GAP_MS;
       for (let i = 0; i < CANCEL_SENDS; i++) {
         if (settled || this.#lost !== undefined) break;
-        await this.#sendCancel();
+        await sendCancel(this.#client);
         if (settled) break;
         await pause(gap, given);
         gap = Math.min(2 * gap, CANCEL_GAP_MS);
@@ -529,39 +393,6 @@ export class Session {
     })();
     this.#tail = done;
     return done;
-  }
-
-  /**
-   * Sends one CancelRequest; resolves when the server has closed its
-   * connection, or after 2 s, or on an error (the server will then end
-   * the statement, or not, by itself).
-   */
-  #sendCancel(): Promise<void> {
-    const pid = this.#client.processID;
-    const secret = this.#client.secretKey;
-    if (pid === null || secret === null) return Promise.resolve();
-    const host = this.#client.host;
-    const port = this.#client.port;
-    return new Promise((resolve) => {
-      const socket = host.startsWith("/")
-        ? netConnect(`${host}/.s.PGSQL.${port}`)
-        : netConnect(port, host);
-      const message = new Uint8Array(16);
-      const view = new DataView(message.buffer);
-      view.setInt32(0, 16);
-      view.setInt32(4, 80877102); // the CancelRequest code
-      view.setInt32(8, pid);
-      view.setInt32(12, secret);
-      const done = () => {
-        clearTimeout(timer);
-        socket.destroy();
-        resolve();
-      };
-      const timer = setTimeout(done, 2_000);
-      socket.once("connect", () => socket.write(message));
-      socket.once("close", done);
-      socket.once("error", done);
-    });
   }
 
   /** Closes the connection politely (Terminate message). */
@@ -594,7 +425,7 @@ export class Session {
     // not end it while it waits). Ask it to stop, so that it answers into
     // the closed socket and ends, dropping what it holds.
     if (this.#pending > 0 && what.startsWith("did not answer")) {
-      void this.#sendCancel();
+      void sendCancel(this.#client);
     }
     this.#lost = what;
     this.stopHeartbeat();

@@ -37,11 +37,12 @@
 // queue shows as one granted lock (classid queue, objid ticket, objsubid
 // 2) per waiter, each but the head's watched by one ungranted lock, and
 // the head waiting on the name's key.
+import { sqlState } from "./_failure.ts";
 import type { AcquireHost } from "./_host.ts";
 import type { LockTag } from "./_key.ts";
 import { find } from "./_probe.ts";
 import { type QueueStatements, queueStatements } from "./_queue_sql.ts";
-import { type Session, sqlState } from "./_session.ts";
+import type { Session } from "./_session.ts";
 import { KeyCollisionError } from "./errors.ts";
 
 /** A blocked wait holds a snapshot (and VACUUM's horizon): wait in slices. */

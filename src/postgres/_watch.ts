@@ -5,6 +5,7 @@
 // holder sends nothing), so this polls pg_locks at an interval.
 import { clearTimeout, setTimeout } from "node:timers";
 import { RunlockError } from "../errors.ts";
+import { isSessionError } from "./_failure.ts";
 import { keyOf, lockTagOf } from "./_key.ts";
 import { find, interpret } from "./_probe.ts";
 import {
@@ -15,7 +16,7 @@ import {
   type Scanned,
   scanTable,
 } from "./_scan.ts";
-import { isSessionError, type Session } from "./_session.ts";
+import type { Session } from "./_session.ts";
 import type { WatchHost } from "./_host.ts";
 import type {
   PgChange,

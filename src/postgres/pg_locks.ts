@@ -31,7 +31,8 @@ import {
   scanTable,
 } from "./_scan.ts";
 import { createTable } from "./_schema.ts";
-import { Session, type SessionConfig, sqlState } from "./_session.ts";
+import { causeOf, sqlState } from "./_failure.ts";
+import { Session, type SessionConfig } from "./_session.ts";
 import { SESSION_SETTING, sessionSettings } from "./_settings.ts";
 import { type Statements, statements } from "./_sql.ts";
 import { KeyCollisionError } from "./errors.ts";
@@ -359,8 +360,9 @@ class PgLocksImpl implements PgLocks, AcquireHost, WatchHost {
     try {
       return await this.#connect(name, signal, purpose);
     } catch (err) {
-      const cause = (err as { cause?: unknown } | null)?.cause;
-      if (sqlState(cause) !== "53300" || this.#idle.length === 0) throw err;
+      if (sqlState(causeOf(err)) !== "53300" || this.#idle.length === 0) {
+        throw err;
+      }
       await this.#idle.shift()!.session.close();
       return await this.#connect(name, signal, purpose);
     }
