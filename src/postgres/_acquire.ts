@@ -3,16 +3,17 @@
 // is taken, the timeout passes, the caller aborts, or something fails; a
 // waiter whose server goes away reconnects while it has time left. The
 // waiting itself, first come, first served, is in _wait.ts.
-import { process } from "../_process.ts";
 import { clearTimeout, setTimeout } from "node:timers";
+import { process } from "../_process.ts";
 import { ContendedError, HeldError, RunlockError } from "../errors.ts";
 import { checkMeta } from "../meta.ts";
+import { causeOf, messageOf, REROUTED, sqlState } from "./_failure.ts";
 import type { AcquireHost } from "./_host.ts";
 import { keyOf, type LockTag, lockTagOf } from "./_key.ts";
 import { heldByThisProcess } from "./_lock.ts";
-import { checkName, checkTimeout, hostName, runtime } from "./_options.ts";
+import { checkName, checkTimeout } from "./_options.ts";
 import { find, heldError } from "./_probe.ts";
-import { causeOf, messageOf, REROUTED, sqlState } from "./_failure.ts";
+import { hostName, runtime } from "./_runtime.ts";
 import type { Session } from "./_session.ts";
 import { attempt, type Call, Queue } from "./_wait.ts";
 import { KeyCollisionError, PoolerError } from "./errors.ts";

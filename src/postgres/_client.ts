@@ -18,6 +18,7 @@
 import { connect as netConnect } from "node:net";
 import { clearTimeout, setTimeout } from "node:timers";
 import { messageOf } from "./_failure.ts";
+import { runtime } from "./_runtime.ts";
 
 /** The part of node-postgres's Client that runlock uses. */
 export interface PgClient {
@@ -73,7 +74,7 @@ export class ClientMissing extends Error {
     const why = messageOf(cause);
     // The specifier in two pieces: scripts/build_npm.ts rewrites quoted
     // npm: specifiers to bare names.
-    const how = "Deno" in globalThis
+    const how = runtime === "deno"
       ? `Deno downloads npm:${"pg@8.23.1"} from the npm registry on first use`
       : "install it with `npm install pg` (or `bun add pg`)";
     super(

@@ -20,7 +20,7 @@ import { clearTimeout, setTimeout } from "node:timers";
 // before the server can hand the lock to anyone else; time a busy loop
 // spent is time the server counted too.
 /** The event-loop turn an expired deadline gives pending I/O. */
-const GRACE_MS = 25;
+export const GRACE_MS = 25;
 
 /**
  * Calls `expire` once `ms` milliseconds have passed and a turn of the

@@ -3,10 +3,11 @@
 // cause is one of the server's settings or privileges.
 import { redact } from "../_redact.ts";
 import { RunlockError } from "../errors.ts";
-import type { Options, Target } from "./_options.ts";
-import { CreateRefused, schemaArgument, SETUP_ADVICE } from "./_schema.ts";
 import { ClientMissing } from "./_client.ts";
 import { describe, isSessionError, messageOf, sqlState } from "./_failure.ts";
+import type { Options } from "./_options.ts";
+import { CreateRefused, schemaArgument, SETUP_ADVICE } from "./_schema.ts";
+import type { Target } from "./_url.ts";
 
 /**
  * `text` (a message) with the URL's password, in each form the caller gave

@@ -1,7 +1,6 @@
 // Every lock name of the table at once (scan() and each poll of watch()):
 // one statement on a probe session, read as inspect() reads one name.
 import { setTimeout } from "node:timers";
-import { LONE_SURROGATE } from "./_options.ts";
 import { interpret } from "./_probe.ts";
 import type { Session } from "./_session.ts";
 import type { Statements } from "./_sql.ts";
@@ -31,72 +30,6 @@ type Read = Omit<Scanned, "certainty"> & {
 
 /** Pauses before each read again of a scan that read something unsettled. */
 const AGAIN_MS = [2, 4, 8];
-
-/**
- * Checks scan()'s and watch()'s `prefix`: a string of at most 1024
- * characters (a name's limit) without NUL or a lone UTF-16 surrogate (it
- * would reach the server as U+FFFD); `""` (the default) matches every
- * name.
- *
- * @param prefix The caller's value.
- * @param action What is refused, for the message (`scan the locks`).
- * @returns The prefix.
- * @throws {TypeError} it is not such a string.
- */
-export function checkPrefix(prefix: unknown, action: string): string {
-  const value = prefix ?? "";
-  if (
-    typeof value !== "string" || value.length > 1024 ||
-    value.includes("\0") || LONE_SURROGATE.test(value)
-  ) {
-    throw new TypeError(
-      `Cannot ${action} as 'prefix' must be a string of at most 1024 characters without NUL or a lone UTF-16 surrogate: current value is ${
-        typeof value === "string" && value.length > 80
-          ? `a string of ${value.length} characters`
-          : typeof value === "string"
-          ? JSON.stringify(value)
-          : String(value)
-      }`,
-    );
-  }
-  return value;
-}
-
-/**
- * Checks scan()'s and watch()'s `options`: undefined or an object (not
- * null, not an array, not a function).
- */
-export function checkOptionsObject(
-  options: unknown,
-  action: string,
-): Record<string, unknown> {
-  if (options === undefined) return {};
-  if (
-    typeof options !== "object" || options === null || Array.isArray(options)
-  ) {
-    throw new TypeError(
-      `Cannot ${action} as 'options' must be an object or undefined: current value is ${
-        typeof options === "string" ? JSON.stringify(options) : String(options)
-      }`,
-    );
-  }
-  return options as Record<string, unknown>;
-}
-
-/** Checks an optional `signal`: an AbortSignal or undefined. */
-export function checkSignal(
-  signal: unknown,
-  action: string,
-): AbortSignal | undefined {
-  if (signal !== undefined && !(signal instanceof AbortSignal)) {
-    throw new TypeError(
-      `Cannot ${action} as 'signal' must be an AbortSignal: current value is ${
-        String(signal)
-      }`,
-    );
-  }
-  return signal;
-}
 
 /** Reads the `scan` statement once: each row as an inspection. */
 async function readOnce(

@@ -6,48 +6,31 @@
 import { clearTimeout, setTimeout } from "node:timers";
 import { RunlockError } from "../errors.ts";
 import { isSessionError } from "./_failure.ts";
+import type { WatchHost } from "./_host.ts";
 import { keyOf, lockTagOf } from "./_key.ts";
-import { find, interpret } from "./_probe.ts";
 import {
+  checkInterval,
   checkOptionsObject,
   checkPrefix,
   checkSignal,
-  scanLabel,
-  type Scanned,
-  scanTable,
-} from "./_scan.ts";
-import type { Session } from "./_session.ts";
-import type { WatchHost } from "./_host.ts";
+} from "./_options.ts";
+import { find, interpret } from "./_probe.ts";
 import type {
   PgChange,
   PgChangeKind,
   PgInspection,
   PgWatchOptions,
 } from "./_probe_types.ts";
-
-/** The default milliseconds between two polls. */
-export const DEFAULT_INTERVAL = 1_000;
+import { scanLabel, type Scanned, scanTable } from "./_scan.ts";
+import type { Session } from "./_session.ts";
 
 /**
  * How long the polls may keep failing on a lost or refused connection (a
  * server restarting, a network down) before the watch gives up.
  */
-export const RECONNECT_MS = 30_000;
+const RECONNECT_MS = 30_000;
 
 const ACTION = "watch the locks";
-
-/** Checks watch()'s `interval`: a positive finite number of milliseconds. */
-function checkInterval(interval: unknown): number {
-  const value = interval ?? DEFAULT_INTERVAL;
-  if (typeof value !== "number" || !Number.isFinite(value) || value <= 0) {
-    throw new TypeError(
-      `Cannot ${ACTION} as 'interval' must be a positive finite number of milliseconds: current value is ${
-        typeof value === "string" ? JSON.stringify(value) : String(value)
-      }`,
-    );
-  }
-  return value;
-}
 
 /** Whether `a` and `b` describe the same holding (or the same stale record). */
 function same(a: PgInspection, b: PgInspection): boolean {
@@ -130,7 +113,7 @@ export function watchLocks(
 ): AsyncIterable<PgChange[]> {
   const o = checkOptionsObject(options, ACTION);
   const prefix = checkPrefix(o.prefix, ACTION);
-  const interval = checkInterval(o.interval);
+  const interval = checkInterval(o.interval, ACTION);
   const signal = checkSignal(o.signal, ACTION);
   return {
     [Symbol.asyncIterator]: () => iterate(host, prefix, interval, signal),

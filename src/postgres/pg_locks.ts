@@ -10,32 +10,27 @@ import { RunlockError } from "../errors.ts";
 import { acquire } from "./_acquire.ts";
 import type { AcquireHost, WatchHost } from "./_host.ts";
 import { bind } from "./_bind.ts";
-import { granted } from "./_deno.ts";
 import { keyOf, type LockTag, lockTagOf } from "./_key.ts";
 import { hereKey, PgLockImpl } from "./_lock.ts";
 import { connectError, refused } from "./_messages.ts";
 import {
   checkName,
   checkOptions,
-  type Options,
-  parseUrl,
-  type Target,
-} from "./_options.ts";
-import { find, type Found, interpret } from "./_probe.ts";
-import {
-  abortable,
   checkOptionsObject,
   checkPrefix,
   checkSignal,
-  scanLabel,
-  scanTable,
-} from "./_scan.ts";
+  type Options,
+} from "./_options.ts";
+import { find, type Found, interpret } from "./_probe.ts";
+import { granted } from "./_runtime.ts";
+import { abortable, scanLabel, scanTable } from "./_scan.ts";
 import { createTable } from "./_schema.ts";
 import { causeOf, sqlState } from "./_failure.ts";
 import { Session, type SessionConfig } from "./_session.ts";
 import { SESSION_SETTING, sessionSettings } from "./_settings.ts";
 import { type Statements, statements } from "./_sql.ts";
 import { KeyCollisionError } from "./errors.ts";
+import { parseUrl, type Target } from "./_url.ts";
 import { watchLocks } from "./_watch.ts";
 import type {
   PgChange,
@@ -87,7 +82,7 @@ class PgLocksImpl implements PgLocks, AcquireHost, WatchHost {
       connectTimeout: o.connectTimeout,
       // The settings pinned in the startup packet, which win over the
       // role's, the database's, the server's and the URL's (sent after
-      // the URL's own `options`; see _settings.ts and _options.ts).
+      // the URL's own `options`; see _settings.ts and _url.ts).
       settings: {
         ...this.#target.settings,
         ...this.#pinned,
