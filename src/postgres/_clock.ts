@@ -69,3 +69,8 @@ export function pause(ms: number, first: Promise<unknown>): Promise<void> {
     });
   });
 }
+
+/** Resolves after `ms` milliseconds. */
+export function delay(ms: number): Promise<void> {
+  return new Promise((resolve) => setTimeout(resolve, ms));
+}

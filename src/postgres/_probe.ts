@@ -1,13 +1,13 @@
 // Probing a lock name: reading its record and who holds its key in
 // pg_locks, and what that means (free, held, stale, invalid, foreign).
-import { setTimeout } from "node:timers";
 import { HeldError } from "../errors.ts";
+import { delay } from "./_clock.ts";
+import type { LockTag } from "./_key.ts";
+import { ownedByThisProcess } from "./_lock.ts";
+import type { PgInspection } from "./_probe_types.ts";
 import type { Session } from "./_session.ts";
 import type { Statements } from "./_sql.ts";
-import { ownedByThisProcess } from "./_lock.ts";
 import { ForeignHolderError } from "./errors.ts";
-import type { LockTag } from "./_key.ts";
-import type { PgInspection } from "./_probe_types.ts";
 
 /** What a probe read. */
 export interface Found {
@@ -15,6 +15,7 @@ export interface Found {
   /** Another name with the same key (a collision), if any. */
   other: string | undefined;
 }
+
 /**
  * The HeldError for a lock a probe found held: a ForeignHolderError when
  * the key's holder wrote no record, one with `byThisProcess` when the
@@ -105,55 +106,6 @@ export function interpret(
 }
 
 /**
- * Run locks on a PostgreSQL database, for runs on several hosts. Opens
- * nothing until first used.
- *
- * Each held lock is a session-level advisory lock on its own dedicated
- * session (never a pooled connection: the lock is the session), with its
- * record (pid, host, start, runtime, meta, fence) in the table
- * `<schema>.runlock_locks`, created on first use. The server drops the lock
- * when the session ends: on release, on any exit of the holder (SIGKILL
- * included), on `pg_terminate_backend`, or when keepalives find its host
- * gone. A SIGSTOPped holder keeps it, as with flock.
- *
- * Not through a pooler in transaction mode (PgBouncer's
- * `pool_mode=transaction`): session locks need the session. A failover to
- * a replica drops every advisory lock (they are not replicated): holders'
- * signals abort, and fences keep a late writer out.
- *
- * Permissions (Deno): `--allow-net` for the server, `--allow-env` (the
- * client reads `PG*` variables), and optionally `--allow-sys=hostname` to
- * record the host.
- *
- * @param url `postgres://user:password@host:port/database`; the password
- * is never printed.
- * @param options Schema, keepalive and heartbeat settings; see
- * {@linkcode PgLocksOptions}.
- * @returns The locks and probes for that database.
- * @throws {TypeError} `url` is not a postgres:// URL, or an option is invalid.
- * @throws {RangeError} an option is out of range.
- *
- * @example Held, refused with the holder's pid and host, then free
- * ```ts
- * import { pgLocks } from "@runlock/runlock/postgres";
- * import { HeldError } from "@runlock/runlock";
- * import assert from "node:assert/strict";
- *
- * const url = Deno.env.get("RUNLOCK_TEST_PG_URL") ?? "postgres://postgres@127.0.0.1/postgres";
- * await using locks = pgLocks(url);
- * const lock = await locks.acquire("example/sync", { meta: { cmd: "sync" } });
- * const err = await locks.acquire("example/sync").catch((e) => e);
- * assert.ok(err instanceof HeldError);
- * assert.equal(err.pid, Deno.pid);
- * assert.deepEqual(await locks.activePid("example/sync"), { pid: Deno.pid, alive: true });
- * await lock.release();
- * assert.equal(await locks.held("example/sync"), false);
- * const next = await locks.acquire("example/sync");
- * assert.ok(next.fence > lock.fence);
- * await next.release();
- * ```
-
-/**
  * Reads the record and pg_locks for a name. A key held by a session
  * whose record we cannot see may be a holder whose acquire committed
  * between our reads of pg_locks and of the table (they are not one
@@ -169,7 +121,7 @@ export async function find(
 ): Promise<Found> {
   let found: Found | undefined;
   for (let i = 0; i < 4; i++) {
-    if (i > 0) await new Promise((r) => setTimeout(r, 2 * i));
+    if (i > 0) await delay(2 * i);
     const rows = await session.query(
       sql.inspect,
       [name, String(key), tag.classid, tag.objid],

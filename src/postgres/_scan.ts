@@ -1,10 +1,11 @@
 // Every lock name of the table at once (scan() and each poll of watch()):
 // one statement on a probe session, read as inspect() reads one name.
-import { setTimeout } from "node:timers";
+import { delay } from "./_clock.ts";
+import { sqlState } from "./_failure.ts";
 import { interpret } from "./_probe.ts";
+import type { PgInspection } from "./_probe_types.ts";
 import type { Session } from "./_session.ts";
 import type { Statements } from "./_sql.ts";
-import type { PgInspection } from "./_probe_types.ts";
 
 /** One name a scan read. */
 export interface Scanned {
@@ -112,7 +113,7 @@ async function readOnce(
  * @param known What was reported last, per name (a watch's).
  * @returns What each name's probe says, sorted by name.
  */
-export async function scanRows(
+async function scanRows(
   session: Session,
   sql: Statements,
   timeout: number,
@@ -126,7 +127,7 @@ export async function scanRows(
   let before: Map<string, PgInspection> | undefined;
   let found: Scanned[] = [];
   for (let i = 0; i <= AGAIN_MS.length; i++) {
-    if (i > 0) await new Promise((r) => setTimeout(r, AGAIN_MS[i - 1]));
+    if (i > 0) await delay(AGAIN_MS[i - 1]);
     const read = await readOnce(session, sql, timeout, prefix, names);
     found = read.map(({ info, certainty }) => ({
       info,
@@ -143,19 +144,42 @@ export async function scanRows(
   return found;
 }
 
-/** What {@linkcode scanTable} read, and whether the table exists. */
-export interface TableScan {
-  rows: Scanned[];
-  table: boolean;
+/**
+ * `read()` where the table may not exist yet (probes create nothing):
+ * `tableKnown` false first asks whether it exists, rather than let the
+ * statement fail (each failure is an ERROR line in the server's log, and
+ * a status command or a watch polls). A table dropped since is no table,
+ * but a missing relation that is another's (a function of a row-level
+ * security policy, a view an admin put in) is an error, never "no locks".
+ *
+ * @returns What `read` returned, or undefined when there is no table.
+ */
+export async function ifTable<T>(
+  session: Session,
+  sql: Statements,
+  timeout: number,
+  tableKnown: boolean,
+  read: () => Promise<T>,
+): Promise<T | undefined> {
+  if (!tableKnown && !(await tableExists(session, sql, timeout))) {
+    return undefined;
+  }
+  try {
+    return await read();
+  } catch (err) {
+    if (
+      sqlState(err) === "42P01" && session.lost === undefined &&
+      !(await tableExists(session, sql, timeout).catch(() => true))
+    ) {
+      return undefined;
+    }
+    throw err;
+  }
 }
 
 /**
- * {@linkcode scanRows} where the table may not exist yet (probes create
- * nothing): `tableKnown` false first asks whether it exists, rather than
- * let the statement fail (each failure is an ERROR line in the server's
- * log, and a watch polls). A table dropped since is no table, but a
- * missing relation that is another's (a function of a row-level security
- * policy, a view an admin put in) is an error, never "no locks".
+ * {@linkcode scanRows} where the table may not exist yet (see
+ * {@linkcode ifTable}).
  *
  * @returns The rows (`[]` without a table) and whether the table exists.
  */
@@ -167,27 +191,18 @@ export async function scanTable(
   names: readonly string[],
   tableKnown: boolean,
   known?: ReadonlyMap<string, PgInspection>,
-): Promise<TableScan> {
-  if (!tableKnown && !(await tableExists(session, sql, timeout))) {
-    return { rows: [], table: false };
-  }
-  try {
-    return {
-      rows: await scanRows(session, sql, timeout, prefix, names, known),
-      table: true,
-    };
-  } catch (err) {
-    if (
-      (err as { code?: unknown } | null)?.code === "42P01" &&
-      session.lost === undefined &&
-      !(await tableExists(session, sql, timeout).catch(() => true))
-    ) {
-      return { rows: [], table: false };
-    }
-    throw err;
-  }
+): Promise<{ rows: Scanned[]; table: boolean }> {
+  const rows = await ifTable(
+    session,
+    sql,
+    timeout,
+    tableKnown,
+    () => scanRows(session, sql, timeout, prefix, names, known),
+  );
+  return { rows: rows ?? [], table: rows !== undefined };
 }
 
+/** Whether the table exists. */
 async function tableExists(
   session: Session,
   sql: Statements,

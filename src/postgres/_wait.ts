@@ -250,7 +250,7 @@ export class Queue {
  * versions wait). Returns the record row when the lock was taken,
  * undefined when the slice ran out (lock_timeout).
  */
-export async function waitOnKey(
+async function waitOnKey(
   call: Call,
   session: Session,
   slice: number,

@@ -8,11 +8,12 @@
 import { clearInterval, setInterval } from "node:timers";
 import { RunlockError } from "../errors.ts";
 import { acquire } from "./_acquire.ts";
+import { Connector, type Purpose } from "./_connect.ts";
+import { causeOf, sqlState } from "./_failure.ts";
 import type { AcquireHost, WatchHost } from "./_host.ts";
-import { bind } from "./_bind.ts";
 import { keyOf, type LockTag, lockTagOf } from "./_key.ts";
 import { hereKey, PgLockImpl } from "./_lock.ts";
-import { connectError, refused } from "./_messages.ts";
+import { refused } from "./_messages.ts";
 import {
   checkName,
   checkOptions,
@@ -22,22 +23,19 @@ import {
   type Options,
 } from "./_options.ts";
 import { find, type Found, interpret } from "./_probe.ts";
-import { granted } from "./_runtime.ts";
-import { abortable, scanLabel, scanTable } from "./_scan.ts";
-import { createTable } from "./_schema.ts";
-import { causeOf, sqlState } from "./_failure.ts";
-import { Session, type SessionConfig } from "./_session.ts";
-import { SESSION_SETTING, sessionSettings } from "./_settings.ts";
-import { type Statements, statements } from "./_sql.ts";
-import { KeyCollisionError } from "./errors.ts";
-import { parseUrl, type Target } from "./_url.ts";
-import { watchLocks } from "./_watch.ts";
 import type {
   PgChange,
   PgInspection,
   PgScanOptions,
   PgWatchOptions,
 } from "./_probe_types.ts";
+import { abortable, ifTable, scanLabel, scanTable } from "./_scan.ts";
+import { createTable } from "./_schema.ts";
+import type { Session } from "./_session.ts";
+import { type Statements, statements } from "./_sql.ts";
+import { parseUrl } from "./_url.ts";
+import { watchLocks } from "./_watch.ts";
+import { KeyCollisionError } from "./errors.ts";
 import type {
   PgAcquireOptions,
   PgLock,
@@ -50,12 +48,9 @@ const IDLE_MS = 10_000;
 
 class PgLocksImpl implements PgLocks, AcquireHost, WatchHost {
   readonly sql: Statements;
-  readonly #schema: string;
+  readonly schema: string;
+  readonly #connector: Connector;
   readonly #options: Options;
-  readonly #config: SessionConfig;
-  /** runlock's own session settings, which lock sessions set once bound. */
-  readonly #pinned: Record<string, string>;
-  readonly #target: Target;
   /** Released sessions, newest last, with when they were released. */
   readonly #idle: { session: Session; since: number }[] = [];
   #sweeper: ReturnType<typeof setInterval> | undefined;
@@ -71,26 +66,11 @@ class PgLocksImpl implements PgLocks, AcquireHost, WatchHost {
   #scans = 0;
 
   constructor(url: string, options: PgLocksOptions | undefined) {
-    this.#target = parseUrl(url);
+    const target = parseUrl(url);
     this.#options = checkOptions(options);
-    this.#schema = this.#options.schema;
-    this.sql = statements(this.#schema);
-    const o = this.#options;
-    this.#pinned = sessionSettings(o);
-    this.#config = {
-      url: this.#target.connectUrl,
-      connectTimeout: o.connectTimeout,
-      // The settings pinned in the startup packet, which win over the
-      // role's, the database's, the server's and the URL's (sent after
-      // the URL's own `options`; see _settings.ts and _url.ts).
-      settings: {
-        ...this.#target.settings,
-        ...this.#pinned,
-        // Whatever a role or database default says, a new session is no
-        // client's yet (_bind.ts).
-        [SESSION_SETTING]: "",
-      },
-    };
+    this.#connector = new Connector(target, this.#options);
+    this.schema = this.#options.schema;
+    this.sql = statements(this.schema);
   }
 
   /** Milliseconds a short statement may take before its session counts as dead. */
@@ -119,17 +99,12 @@ class PgLocksImpl implements PgLocks, AcquireHost, WatchHost {
     );
   }
 
-  /** The schema of the table: part of each name's advisory key. */
-  get schema(): string {
-    return this.#schema;
-  }
-
   here(name: string): string {
-    return hereKey(this.#target.where, this.#schema, name);
+    return hereKey(this.#connector.target.where, this.schema, name);
   }
 
   refused(name: string, action: string, err: unknown): RunlockError {
-    return refused(this.#target, name, action, err, this.#schema);
+    return refused(this.#connector.target, name, action, err, this.schema);
   }
 
   track(stop: () => Promise<void>): () => void {
@@ -140,73 +115,10 @@ class PgLocksImpl implements PgLocks, AcquireHost, WatchHost {
   async #connect(
     name: string,
     signal?: AbortSignal,
-    purpose: "lock" | "probe" | "watch" = "lock",
+    purpose: Purpose = "lock",
   ): Promise<Session> {
-    if (this.#ended) {
-      throw new RunlockError(
-        name,
-        `${name}: cannot use this pgLocks object: end() was called`,
-      );
-    }
-    // Under Deno, a missing grant is an error naming the flag, not a
-    // prompt: the client reads PG* variables (PGPASSWORD, PGUSER, ...).
-    const { host, port } = this.#target;
-    // Every missing grant at once, not one per try.
-    const missing: string[] = [];
-    if (!granted({ name: "env" })) {
-      missing.push("--allow-env (the PostgreSQL client reads PG* variables)");
-    }
-    if (
-      !host.startsWith("/") &&
-      !granted({ name: "net", host: `${host}:${port}` })
-    ) {
-      missing.push(`--allow-net=${host}:${port}`);
-    }
-    if (missing.length > 0) {
-      throw new RunlockError(
-        name,
-        `${name}: cannot connect to PostgreSQL at ${this.#target.text}: permission denied; grant ${
-          missing.join(" and ")
-        }`,
-      );
-    }
-    let session: Session;
-    try {
-      session = await Session.open(this.#config, signal);
-    } catch (err) {
-      signal?.throwIfAborted();
-      throw connectError(this.#target, this.#options, name, err, purpose);
-    }
-    if (purpose !== "lock") return session;
-    try {
-      await bind(session, {
-        name,
-        // Without startup options (refused by a pooler), the URL's own
-        // settings are set by statement too.
-        settings: {
-          ...(this.#config.optionsRefused ? this.#target.settings : {}),
-          ...this.#pinned,
-          // The server's bound on a silent lock session (behind a TCP
-          // proxy, see PgLocksOptions), on lock sessions only.
-          idle_session_timeout: String(this.#options.idleSessionTimeout),
-          // A lock session reached through a pooler stays in a transaction.
-          idle_in_transaction_session_timeout: String(
-            this.#options.idleSessionTimeout,
-          ),
-        },
-        timeout: this.statementTimeout,
-        open: (limit) =>
-          Session.open(
-            this.#config,
-            signal === undefined ? limit : AbortSignal.any([signal, limit]),
-          ),
-      });
-    } catch (err) {
-      if (err instanceof RunlockError) throw err;
-      signal?.throwIfAborted();
-      throw this.refused(name, "acquire the lock", err);
-    }
-    return session;
+    if (this.#ended) throw ended(name);
+    return await this.#connector.open(name, signal, purpose);
   }
 
   /** A released session of ours, or a new one. */
@@ -254,7 +166,7 @@ class PgLocksImpl implements PgLocks, AcquireHost, WatchHost {
     this.#table ??= createTable(
       session,
       this.sql,
-      this.#schema,
+      this.schema,
       this.statementTimeout,
     );
     return this.#table.then(() => {
@@ -335,7 +247,7 @@ class PgLocksImpl implements PgLocks, AcquireHost, WatchHost {
       await s.close();
       throw new RunlockError(
         name,
-        `${name}: cannot ${action}: PostgreSQL at ${this.#target.text} is a hot standby (in recovery), ` +
+        `${name}: cannot ${action}: PostgreSQL at ${this.#connector.target.text} is a hot standby (in recovery), ` +
           `whose pg_locks shows none of the primary's locks (advisory locks are not replicated): point the URL at the primary`,
       );
     }
@@ -369,44 +281,28 @@ class PgLocksImpl implements PgLocks, AcquireHost, WatchHost {
 
   async #inspect(name: string): Promise<Found> {
     checkName(name, "inspect the lock");
-    const key = keyOf(name, this.#schema);
+    const key = keyOf(name, this.schema);
     for (let attempt = 0;; attempt++) {
       const session = await this.#probeSession(name);
       try {
-        if (!this.#tableReady) {
-          // Until the table exists, ask first rather than let the inspect
-          // statement fail: each failure is an ERROR line in the server's
-          // log, and a status command may poll.
-          const rows = await session.query(
-            this.sql.tableExists,
-            [this.sql.table],
-            undefined,
-            false,
-            this.statementTimeout,
-          );
-          if (rows[0].table !== true) return interpret(name, key, {});
-          this.#tableReady = true;
-        }
-        return await find(
+        const found = await ifTable(
           session,
           this.sql,
           this.statementTimeout,
-          name,
-          key,
-          lockTagOf(key),
+          this.#tableReady,
+          () =>
+            find(
+              session,
+              this.sql,
+              this.statementTimeout,
+              name,
+              key,
+              lockTagOf(key),
+            ),
         );
+        this.#tableReady = found !== undefined;
+        return found ?? interpret(name, key, {});
       } catch (err) {
-        // No table (dropped since we looked): nothing is locked here. But
-        // a missing relation may be another's (a function of a row-level
-        // security policy, a view an admin put in): then that is an error,
-        // never "free".
-        if (
-          sqlState(err) === "42P01" && session.lost === undefined &&
-          !(await this.#tableThere(session))
-        ) {
-          this.#tableReady = false;
-          return interpret(name, key, {});
-        }
         // The probe session may have died while idle: one more try.
         if (attempt === 0 && session.lost !== undefined) continue;
         throw this.refused(name, "inspect the lock", err);
@@ -419,14 +315,7 @@ class PgLocksImpl implements PgLocks, AcquireHost, WatchHost {
     const prefix = checkPrefix(o.prefix, "scan the locks");
     const signal = checkSignal(o.signal, "scan the locks");
     signal?.throwIfAborted();
-    if (this.#ended) {
-      throw new RunlockError(
-        scanLabel(prefix),
-        `${
-          scanLabel(prefix)
-        }: cannot use this pgLocks object: end() was called`,
-      );
-    }
+    if (this.#ended) throw ended(scanLabel(prefix));
     this.#scans++;
     try {
       return await abortable(
@@ -471,22 +360,6 @@ class PgLocksImpl implements PgLocks, AcquireHost, WatchHost {
     return watchLocks(this, options);
   }
 
-  /** Whether the table exists, or true when that cannot be asked. */
-  async #tableThere(session: Session): Promise<boolean> {
-    try {
-      const rows = await session.query(
-        this.sql.tableExists,
-        [this.sql.table],
-        undefined,
-        false,
-        this.statementTimeout,
-      );
-      return rows[0].table === true;
-    } catch {
-      return true;
-    }
-  }
-
   async held(name: string): Promise<boolean> {
     return (await this.#checked(name)).state === "held";
   }
@@ -502,7 +375,7 @@ class PgLocksImpl implements PgLocks, AcquireHost, WatchHost {
       throw new KeyCollisionError(
         name,
         other ?? "(unknown)",
-        keyOf(name, this.#schema),
+        keyOf(name, this.schema),
       );
     }
     return info;
@@ -533,6 +406,14 @@ class PgLocksImpl implements PgLocks, AcquireHost, WatchHost {
   [Symbol.asyncDispose](): Promise<void> {
     return this.end();
   }
+}
+
+/** The error of a pgLocks object used after end(). */
+function ended(name: string): RunlockError {
+  return new RunlockError(
+    name,
+    `${name}: cannot use this pgLocks object: end() was called`,
+  );
 }
 
 /**
