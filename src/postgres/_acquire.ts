@@ -1,8 +1,7 @@
 // The acquire procedure: the one-round-trip try, the probe when that
-// fails, and waiting first come, first served, in slices, until the lock
-// is taken, the timeout passes, the caller aborts, or something fails; a
-// waiter whose server goes away reconnects while it has time left. The
-// waiting itself, first come, first served, is in _wait.ts.
+// fails, and waiting (first come, first served, in slices: _wait.ts) until
+// the lock is taken, the timeout passes, the caller aborts, or something
+// fails; a waiter whose server goes away reconnects while it has time left.
 import { clearTimeout, setTimeout } from "node:timers";
 import { process } from "../_process.ts";
 import { ContendedError, HeldError, RunlockError } from "../errors.ts";
@@ -125,12 +124,12 @@ export async function acquire(
           cause: err,
         });
       }
-      // The session ended under us (a server restart
-      // gave every waiter 57P01 at once, although the server was back
-      // 0.2 s later): a waiter with time left connects again and waits on.
-      // A lock granted to that session went with it. Not a session we
-      // gave up on ourselves (no answer in time: a silent server or link),
-      // which fails as before rather than wait out the timeout on it.
+      // The session ended under us (a server restart gives every waiter
+      // 57P01 at once, and may be back 0.2 s later): a waiter with time
+      // left connects again and waits on. A lock granted to that session
+      // went with it. Not a session we gave up on ourselves (no answer in
+      // time: a silent server or link), which fails rather than wait out
+      // the timeout on it.
       if (
         session.lost !== undefined &&
         !session.lost.startsWith("did not answer") &&

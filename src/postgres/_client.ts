@@ -2,19 +2,14 @@
 // first connection, the part of its Client runlock uses, and the
 // CancelRequest it does not send itself.
 //
-// Why node-postgres (`pg`) and not postgres.js (`postgres`), measured here
-// on Deno, Node and Bun: a pg Client is exactly one session and never
-// reconnects behind our back: after pg_terminate_backend its next query
-// fails ("not queryable"), so a lost lock is seen. postgres.js silently
-// ran the next query on a NEW session (a lock would vanish without a
-// trace), and a reserved connection used after termination crashed the
-// process with an uncatchable TypeError from a setImmediate (socket.write
-// on null; porsager/postgres#1154, open). pg also reported the loss
-// sooner (2-3 ms vs 8-15 ms), connected faster (about 2 ms vs 5-6 ms),
-// and can unref its socket, so idle sessions never keep a process alive.
-// Startup settings (`options: "-c ..."`) work in both; cancelation we do
-// ourselves (sendCancel, below). pg is bigger (14 small packages,
-// ~1 MB) but is loaded only on the first connection.
+// Why node-postgres and not postgres.js (compared on Deno, Node and Bun):
+// a pg Client is exactly one session and never reconnects behind our
+// back, so a lost lock is seen (its next query fails, "not queryable");
+// postgres.js ran the next query on a new session, and a reserved
+// connection used after termination threw an uncatchable TypeError
+// (porsager/postgres#1154). pg also reports a loss and connects sooner,
+// and can unref its socket. It is bigger (~1 MB): loaded on the first
+// connection only.
 import { connect as netConnect } from "node:net";
 import { clearTimeout, setTimeout } from "node:timers";
 import { messageOf } from "./_failure.ts";

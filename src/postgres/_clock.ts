@@ -6,13 +6,10 @@ import { clearTimeout, setTimeout } from "node:timers";
 //
 // A process that was not running (SIGSTOP, Ctrl-Z, a blocked event loop)
 // wakes with its deadline timers overdue, and timers run before pending
-// I/O is read: a deadline that decided at once would call a session dead
-// whose answer is already in the socket's buffer (a waiter stopped in the
-// server's queue was granted the lock while stopped, and on `fg` said "did
-// not answer a statement within 10000 ms", closed its session and so
-// dropped the lock it had just been given). So an expired deadline first
-// lets the event loop read what arrived (one turn, GRACE_MS), and decides
-// then.
+// I/O is read: deciding at once would call a session dead whose answer
+// (a lock granted while stopped) already sits in the socket's buffer, and
+// closing it would drop that lock. So an expired deadline first lets the
+// event loop read what arrived (one turn, GRACE_MS), and decides then.
 //
 // The wall clock, not the time the process ran: a holder whose event loop
 // is busy (synchronous work in chunks) must still learn of a lost session

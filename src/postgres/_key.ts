@@ -9,17 +9,14 @@ import { createHash } from "node:crypto";
  * - SHA-256("runlock\0" + schema + "\0" + name) in any other schema.
  *
  * Advisory locks are per database, not per schema: with the name alone,
- * `sync/main` in schema `staging` and `sync/main` in schema `prod` were one
- * advisory lock with two records, so each schema's holder read the other's
- * as a foreign session and waited on it. Hashing the
- * schema in makes each schema its own namespace of names. `public` keeps
- * the key older versions used for every schema, so that during a rolling
- * upgrade an older holder on `public` (the default, by far the most used)
- * and a newer one still exclude each other; in other schemas the key
- * changed, so older holders of such a schema must be stopped before this
- * version takes its locks (they would not exclude each other). Neither a
- * name nor a schema contains NUL, so the two forms never produce the same
- * input.
+ * `sync/main` in two schemas would be one advisory lock with two records,
+ * each schema's holder reading the other's as a foreign session. Hashing
+ * the schema in makes each schema its own namespace of names. `public`
+ * keeps the name-only key of runlock versions that hashed no schema, so
+ * that such a holder on `public` and this version exclude each other
+ * during a rolling upgrade; such holders of another schema must be
+ * stopped first. Neither a name nor a schema contains NUL,
+ * so the two forms never produce the same input.
  *
  * The prefix is runlock's namespace: other applications that hash their
  * own names into the same bigint key space are unlikely to land on ours,

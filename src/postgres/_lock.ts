@@ -22,8 +22,8 @@ const heldHere = new Map<string, Date>();
  * by holder session (`backendPid`), fence and name, with when each was
  * taken. Module state is per copy: the ES module and the CommonJS build of
  * the npm package, both loaded in one Node process, are two copies, and
- * each would wait on a lock the other holds. So this
- * map lives in the global symbol registry, shared by every copy (of this
+ * each would wait on a lock the other holds. So this map lives in the
+ * global symbol registry, shared by every copy (of this
  * entry layout: the name is versioned).
  */
 const heldInProcess: Map<string, Date> = (() => {

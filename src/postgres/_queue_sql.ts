@@ -105,7 +105,7 @@ export function queueStatements(schema: string): QueueStatements {
     // the caller takes another. Tickets start at 1 when the queue is empty
     // and grow while it is not; a queue never empty for 2^31 arrivals
     // would overflow the integer (an error: the caller then waits outside
-    // the queue, as older versions do).
+    // the queue).
     // $1 queue, $2 the session's nonce.
     enqueue: `WITH cfg AS MATERIALIZED (
         SELECT pg_catalog.set_config('lock_timeout', '1000', true)
@@ -149,8 +149,7 @@ export function queueStatements(schema: string): QueueStatements {
     // and lock_timeout would never be set.) lock_timeout bounds each lock
     // wait, not the statement: `pred` sets it again to what is left of $7
     // (at least 1 ms) before the key's wait, or a predecessor that lets go
-    // after X ms would leave us X + $7 in all, past the caller's deadline
-    // (the chaos run saw a 3000 ms timeout answered after 5005 ms).
+    // after X ms would leave us X + $7 in all, past the caller's deadline.
     // One row: the record's fence and started when the lock was taken,
     // else NULL and the predecessor to wait for next. A failure after the
     // key was granted (a lock_timeout on the row) leaves the key held and

@@ -40,10 +40,9 @@ function refusesOptions(err: unknown): boolean {
 // What keeps the process alive while a caller awaits a statement. Sockets
 // stay unreferenced for their whole life (so idle sessions and held locks
 // never keep a process alive); while any caller awaits something, one
-// referenced timer does. A socket's ref()/unref() toggled per statement
-// was slower, and under Deno 2.9 a pending read re-referenced by ref()
-// was occasionally not counted, ending the program with "Top-level await
-// promise never resolved" in the middle of an acquire.
+// referenced timer does: cheaper than a socket's ref()/unref() per
+// statement, which under Deno 2.9 sometimes left a pending read uncounted
+// ("Top-level await promise never resolved" in the middle of an acquire).
 let busy = 0;
 let keepAlive: ReturnType<typeof setInterval> | undefined;
 function hold(): void {
@@ -358,8 +357,7 @@ export class Session {
    * Progress") acts only on a statement the backend is running: one that
    * arrives before the statement does (they travel on two connections) or
    * while the backend has not begun it is ignored, and the statement then
-   * runs on (a wait ran out its whole slice after an
-   * abort). So while a statement is still unanswered, it sends another,
+   * runs on (a wait would run out its whole slice after an abort). So while a statement is still unanswered, it sends another,
    * after 5 ms, then doubling pauses up to 500 ms (at most 40 in all), and
    * each time waits until the server has closed that connection (it closes
    * it after it has signalled the backend, or after 2 s).

@@ -20,7 +20,7 @@
  * there wins over ALTER ROLE ... SET, ALTER DATABASE ... SET,
  * ALTER SYSTEM and postgresql.conf [guc], and nothing else runs on these
  * sessions to change it. Each one is pinned because a common setting of
- * the role, database or server broke a promise:
+ * the role, database or server breaks a promise:
  *
  * - tcp_keepalives_*, tcp_user_timeout: the server drops a vanished
  *   client in seconds (§20.3.1), before our heartbeat gives up.
@@ -30,18 +30,18 @@
  *   lock_timeout per statement).
  * - synchronous_commit = on: the record and its fence are durable (WAL
  *   flushed, and replicated to synchronous standbys if any) before
- *   acquire returns. With `off` (a common tuning) a postmaster crash lost
- *   the last commits and the next holder got a fence already handed out.
+ *   acquire returns. With `off` (a common tuning) a postmaster crash loses
+ *   the last commits and the next holder gets a fence already handed out.
  * - default_transaction_isolation = 'read committed': the acquire
  *   statements rely on ON CONFLICT DO UPDATE reading the latest committed
  *   row [upsert]; under repeatable read or serializable every waiter
- *   failed at the hand-off with 40001.
+ *   fails at the hand-off with 40001.
  * - default_transaction_read_only = off: so that only a server that truly
  *   cannot write (a hot standby) refuses the record.
  * - search_path = pg_catalog, pg_temp: no user function, view or
  *   operator can stand in for a system one [search].
  * - DateStyle = ISO: the client parses timestamps only in ISO output; a
- *   role with 'SQL, DMY' or 'German' made acquiredAt null.
+ *   role with 'SQL, DMY' or 'German' makes acquiredAt null.
  *
  * Values are written as the startup "options" string needs them (a
  * space escaped with a backslash): the session joins them as

@@ -9,9 +9,9 @@
 // pg_catalog.text, OPERATOR(pg_catalog.=)): a role whose search_path puts
 // a schema of its own before pg_catalog (`SET search_path = app,
 // pg_catalog`) makes a bare name mean that schema's function, view or
-// operator [search] (reproduced: an impostor pg_try_advisory_lock that
-// returns true gave two holders). The pinned search_path (_settings.ts)
-// already puts pg_catalog first; the qualified names hold even without it. SQL
+// operator [search] (an impostor pg_try_advisory_lock that returns true
+// would give two holders). The pinned search_path (_settings.ts) puts
+// pg_catalog first; the qualified names hold even without it. SQL
 // keywords that name types (bigint, integer, boolean) are not looked up
 // in search_path and stay bare.
 //
@@ -205,10 +205,9 @@ export function statements(schema: string): Statements {
     // bounds the wait; set_config(..., true) is local to this statement's
     // implicit transaction, so it is gone afterwards. A blocked statement
     // holds a snapshot, which holds back VACUUM's horizon cluster-wide
-    // (pg_stat_activity.backend_xmin [stats]; seen here: a blocked
-    // pg_advisory_lock shows a backend_xmin), so callers wait in slices of
-    // a few seconds rather than for hours in one statement. $8 the
-    // session's nonce.
+    // (pg_stat_activity.backend_xmin [stats]: a blocked pg_advisory_lock
+    // shows one), so callers wait in slices of a few seconds rather than
+    // for hours in one statement. $8 the session's nonce.
     waitAcquire: `WITH cfg AS MATERIALIZED (
         SELECT pg_catalog.set_config('lock_timeout', $7::pg_catalog.text, true)
       ), got AS MATERIALIZED (

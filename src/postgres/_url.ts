@@ -182,7 +182,7 @@ export function parseUrl(url: unknown): Target {
     }
   };
   // node-postgres would re-escape a `%` that starts no escape (below);
-  // runlock refuses it, as it always has, saying how to write it (%25).
+  // runlock refuses it, saying how to write it (%25).
   decode(u.password, "password");
   decode(u.username, "user name");
   decode(u.pathname, "database name");

@@ -1,12 +1,12 @@
 // Waiting for a lock, first come, first served, in slices.
 //
-// A blocked statement holds a snapshot (and so
-// VACUUM's horizon), so no wait statement lasts longer than a slice
-// (WAIT_SLICE_MS). The server's queue of a lock is first come, first
-// served, but a waiter whose slice ran out and that waits again goes to
-// its back: with everyone waiting on the name's key, 20 workers saw waits
-// of 3 times the FIFO bound. So waiters queue in the server's lock manager
-// themselves (a CLH queue; the statements are in _queue_sql.ts):
+// A blocked statement holds a snapshot (and so VACUUM's horizon), so no
+// wait statement lasts longer than a slice (WAIT_SLICE_MS). The server's
+// queue of a lock is first come, first served, but a waiter whose slice
+// ran out and that waits again goes to its back (with 20 workers on one
+// key, waits of 3 times the FIFO bound). So waiters queue in the server's
+// lock manager themselves (a CLH queue; the statements are in
+// _queue_sql.ts):
 //
 // - a waiter takes a ticket, one more than the greatest in the name's
 //   queue, and holds its node, the advisory lock (queue, ticket);
@@ -20,7 +20,7 @@
 //   lets go of its node in the same statement, so its successor becomes
 //   the head and waits on the key while it holds the lock (before its
 //   answer has even reached it: no round trip of ours in between), and
-//   the server hands the lock over the instant it is released, as before.
+//   the server hands the lock over the instant it is released.
 // Tickets need no durability: a node lives only as long as its session,
 // and a server restart ends every session, so every waiter queues again
 // (in the order it reconnects). What can still go out of order: an
@@ -79,7 +79,7 @@ export class Queue {
   #joined = false;
   /** Our ticket while we hold our node. */
   ticket: number | undefined;
-  /** False once the queue failed us: wait on the key, as before. */
+  /** False once the queue failed us: wait on the key itself. */
   #usable = true;
 
   constructor(call: Call, session: Session) {
@@ -197,7 +197,7 @@ export class Queue {
         if (this.#session.lost !== undefined || this.#call.signal?.aborted) {
           throw err;
         }
-        break; // e.g. tickets overflowed: wait the old way
+        break; // e.g. tickets overflowed: wait on the key itself
       }
       if (rows[0]?.ok === true) {
         this.ticket = rows[0].ticket as number;
@@ -246,8 +246,8 @@ export class Queue {
 }
 
 /**
- * One slice of waiting on the key itself (outside the queue, as older
- * versions wait). Returns the record row when the lock was taken,
+ * One slice of waiting on the key itself (outside the queue, as runlock
+ * versions without the queue wait). Returns the record row when the lock was taken,
  * undefined when the slice ran out (lock_timeout).
  */
 async function waitOnKey(
