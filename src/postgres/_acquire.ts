@@ -48,13 +48,8 @@ export async function acquire(
   const signal = options?.signal;
   signal?.throwIfAborted();
   const since = heldByThisProcess(host.here(name));
-  if (since !== undefined) {
-    // Waiting would wait on ourselves.
-    throw new HeldError(name, process.pid, hostName(), {
-      started: since,
-      byThisProcess: true,
-    });
-  }
+  // Waiting would wait on ourselves.
+  if (since !== undefined) throw heldHere(name, since);
   const key = keyOf(name, host.schema);
   const call: Call = {
     host,
@@ -83,6 +78,11 @@ export async function acquire(
   const began = performance.now();
   let reached = false;
   let pause = 0;
+  /** Waits twice as long as the last time, within bounds and the deadline. */
+  const backOff = () => {
+    pause = Math.min(Math.max(2 * pause, RECONNECT_FIRST_MS), RECONNECT_MAX_MS);
+    return sleep(Math.min(pause, call.deadline - performance.now()), signal);
+  };
   for (let attempt = 0;; attempt++) {
     let taken: { session: Session; reused: boolean };
     try {
@@ -92,11 +92,7 @@ export async function acquire(
       const answered = reached || serverAnswered(err) ||
         performance.now() - began < host.statementTimeout;
       if (call.waits && comingBack(err) && timeLeft(call) && answered) {
-        pause = Math.min(
-          Math.max(2 * pause, RECONNECT_FIRST_MS),
-          RECONNECT_MAX_MS,
-        );
-        await sleep(Math.min(pause, call.deadline - performance.now()), signal);
+        await backOff();
         continue;
       }
       throw err;
@@ -138,21 +134,20 @@ export async function acquire(
         // A session that died young may be a server that keeps ending
         // them: do not reconnect in a tight loop.
         if (performance.now() - opened > RECONNECT_MAX_MS) pause = 0;
-        else {
-          pause = Math.min(
-            Math.max(2 * pause, RECONNECT_FIRST_MS),
-            RECONNECT_MAX_MS,
-          );
-          await sleep(
-            Math.min(pause, call.deadline - performance.now()),
-            signal,
-          );
-        }
+        else await backOff();
         continue;
       }
       throw host.refused(name, "acquire the lock", err);
     }
   }
+}
+
+/** The HeldError for a lock this very process holds, taken at `since`. */
+function heldHere(name: string, since: Date): HeldError {
+  return new HeldError(name, process.pid, hostName(), {
+    started: since,
+    byThisProcess: true,
+  });
 }
 
 /** Whether the deadline is still ahead. */
@@ -336,13 +331,8 @@ async function takeOrWait(
     const since = held
       ? heldByThisProcess(host.here(name), found.info)
       : undefined;
-    if (since !== undefined) {
-      // Another acquire in this process won meanwhile: do not wait on it.
-      throw new HeldError(name, process.pid, hostName(), {
-        started: since,
-        byThisProcess: true,
-      });
-    }
+    // Another acquire in this process won meanwhile: do not wait on it.
+    if (since !== undefined) throw heldHere(name, since);
     const waited = await queue.wait();
     if (waited !== undefined) return waited;
   }

@@ -19,6 +19,9 @@ import { clearTimeout, setTimeout } from "node:timers";
 /** The event-loop turn an expired deadline gives pending I/O. */
 export const GRACE_MS = 25;
 
+/** The longest delay a timer takes (a longer one fires at once). */
+export const MAX_TIMER_MS = 2 ** 31 - 1;
+
 /**
  * Calls `expire` once `ms` milliseconds have passed and a turn of the
  * event loop has let pending I/O be read, unless the returned function is
@@ -29,8 +32,8 @@ export function deadline(ms: number, expire: () => void): () => void {
   let timer: ReturnType<typeof setTimeout> | undefined;
   let over = false;
   const arm = (delay: number, step: () => void) => {
-    // (Timers take at most 2^31 - 1 ms; a longer deadline re-arms.)
-    timer = setTimeout(step, Math.min(Math.max(delay, 0), 2 ** 31 - 1));
+    // A deadline longer than MAX_TIMER_MS re-arms.
+    timer = setTimeout(step, Math.min(Math.max(delay, 0), MAX_TIMER_MS));
     timer.unref();
   };
   const grace = () =>

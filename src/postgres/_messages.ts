@@ -37,15 +37,15 @@ function serverSaid(err: unknown): string {
 
 /**
  * A RunlockError for a statement the server refused, saying what to do
- * where the cause is a setting or a privilege of the server's. `schema`,
- * when given, goes into the `runlock db-setup` command it suggests.
+ * where the cause is a setting or a privilege of the server's. `schema`
+ * goes into the `runlock db-setup` command it suggests.
  */
 export function refused(
   target: Target,
   name: string,
   action: string,
   err: unknown,
-  schema?: string,
+  schema: string,
 ): RunlockError {
   if (err instanceof RunlockError) return err;
   if (err instanceof CreateRefused) {
@@ -80,9 +80,7 @@ export function refused(
   const state = sqlState(err);
   const message = describe(err);
   const said = serverSaid(err);
-  const setup = `\`runlock db-setup --db=URL${
-    schema === undefined ? " [--schema=NAME]" : schemaArgument(schema)
-  }\``;
+  const setup = `\`runlock db-setup --db=URL${schemaArgument(schema)}\``;
   const probe = /^(inspect|scan|watch)/.test(action);
   const advice = state === "25006"
     // read_only_sql_transaction. runlock's sessions pin

@@ -113,7 +113,7 @@ async function readOnce(
  * @param known What was reported last, per name (a watch's).
  * @returns What each name's probe says, sorted by name.
  */
-async function scanRows(
+export async function scanRows(
   session: Session,
   sql: Statements,
   timeout: number,

@@ -5,6 +5,7 @@
 // holder sends nothing), so this polls pg_locks at an interval.
 import { clearTimeout, setTimeout } from "node:timers";
 import { RunlockError } from "../errors.ts";
+import { MAX_TIMER_MS } from "./_clock.ts";
 import { isSessionError } from "./_failure.ts";
 import type { WatchHost } from "./_host.ts";
 import { keyOf, lockTagOf } from "./_key.ts";
@@ -72,9 +73,6 @@ export function kindOf(
       return "taken over";
   }
 }
-
-/** The longest delay a timer takes (a longer one fires at once). */
-const MAX_TIMER_MS = 2 ** 31 - 1;
 
 /** Resolves after `ms`, or at once (false) when `signal` aborts. */
 function sleep(ms: number, signal: AbortSignal | undefined): Promise<boolean> {

@@ -29,7 +29,7 @@ import type {
   PgScanOptions,
   PgWatchOptions,
 } from "./_probe_types.ts";
-import { abortable, ifTable, scanLabel, scanTable } from "./_scan.ts";
+import { abortable, ifTable, scanLabel, scanRows } from "./_scan.ts";
 import { createTable } from "./_schema.ts";
 import type { Session } from "./_session.ts";
 import { type Statements, statements } from "./_sql.ts";
@@ -196,10 +196,7 @@ class PgLocksImpl implements PgLocks, AcquireHost, WatchHost {
    * when it died (concurrent probes share the replacement, so none leaks
    * past end()).
    */
-  async #probeSession(
-    name: string,
-    action = "inspect the lock",
-  ): Promise<Session> {
+  async #probeSession(name: string, action: string): Promise<Session> {
     const current = this.#probe;
     if (current !== undefined) {
       const session = await current.catch(() => undefined);
@@ -282,30 +279,47 @@ class PgLocksImpl implements PgLocks, AcquireHost, WatchHost {
   async #inspect(name: string): Promise<Found> {
     checkName(name, "inspect the lock");
     const key = keyOf(name, this.schema);
+    const found = await this.#probing(
+      name,
+      "inspect the lock",
+      (session) =>
+        find(
+          session,
+          this.sql,
+          this.statementTimeout,
+          name,
+          key,
+          lockTagOf(key),
+        ),
+    );
+    return found ?? interpret(name, key, {});
+  }
+
+  /**
+   * `read` on the probe session, or undefined where there is no table yet
+   * (see ifTable); once more on a new session when the probe session died
+   * while idle.
+   */
+  async #probing<T>(
+    name: string,
+    action: string,
+    read: (session: Session) => Promise<T>,
+  ): Promise<T | undefined> {
     for (let attempt = 0;; attempt++) {
-      const session = await this.#probeSession(name);
+      const session = await this.#probeSession(name, action);
       try {
         const found = await ifTable(
           session,
           this.sql,
           this.statementTimeout,
           this.#tableReady,
-          () =>
-            find(
-              session,
-              this.sql,
-              this.statementTimeout,
-              name,
-              key,
-              lockTagOf(key),
-            ),
+          () => read(session),
         );
         this.#tableReady = found !== undefined;
-        return found ?? interpret(name, key, {});
+        return found;
       } catch (err) {
-        // The probe session may have died while idle: one more try.
         if (attempt === 0 && session.lost !== undefined) continue;
-        throw this.refused(name, "inspect the lock", err);
+        throw this.refused(name, action, err);
       }
     }
   }
@@ -334,26 +348,12 @@ class PgLocksImpl implements PgLocks, AcquireHost, WatchHost {
   }
 
   async #scan(prefix: string): Promise<PgInspection[]> {
-    const label = scanLabel(prefix);
-    for (let attempt = 0;; attempt++) {
-      const session = await this.#probeSession(label, "scan the locks");
-      try {
-        const { rows, table } = await scanTable(
-          session,
-          this.sql,
-          this.statementTimeout,
-          prefix,
-          [],
-          this.#tableReady,
-        );
-        this.#tableReady = table;
-        return rows.map((r) => r.info);
-      } catch (err) {
-        // The probe session may have died while idle: one more try.
-        if (attempt === 0 && session.lost !== undefined) continue;
-        throw this.refused(label, "scan the locks", err);
-      }
-    }
+    const rows = await this.#probing(
+      scanLabel(prefix),
+      "scan the locks",
+      (session) => scanRows(session, this.sql, this.statementTimeout, prefix),
+    );
+    return (rows ?? []).map((r) => r.info);
   }
 
   watch(options?: PgWatchOptions): AsyncIterable<PgChange[]> {
