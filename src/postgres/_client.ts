@@ -33,7 +33,7 @@ export interface PgClient {
   readonly connection: { stream: { destroy(): void } };
 }
 
-export type ClientClass = new (config: Record<string, unknown>) => PgClient;
+type ClientClass = new (config: Record<string, unknown>) => PgClient;
 let clientClass: Promise<ClientClass> | undefined;
 
 /**
