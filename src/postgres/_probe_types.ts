@@ -1,6 +1,6 @@
 // What the probes read (PgLocks.inspect, scan, watch), and the options of
 // scan and watch; exported by mod.ts.
-import type { ChangeKind } from "../file/watch.ts";
+import type { ChangeKind, LockChange, LockInspection } from "../contract.ts";
 
 /**
  * What {@linkcode PgLocks.inspect} found for a lock name. The fields of a
@@ -23,7 +23,7 @@ import type { ChangeKind } from "../file/watch.ts";
  * assert.equal(info.runtime, "deno");
  * ```
  */
-export interface PgInspection {
+export interface PgInspection extends LockInspection {
   /** The lock name. */
   path: string;
   /**
@@ -155,11 +155,9 @@ export type PgChangeKind = ChangeKind;
  * }
  * ```
  */
-export interface PgChange {
+export interface PgChange extends LockChange<PgInspection> {
   /** The lock name. */
   path: string;
-  /** What happened; `present` only in the first batch. */
-  kind: PgChangeKind;
   /**
    * What a probe read after the change: for `released`, state `free`;
    * for `crashed`, `stale` with the last holder's pid, host and meta.

@@ -6,6 +6,7 @@
  * @module
  */
 
+import type { HeldLock, Locks } from "../contract.ts";
 import type {
   PgChange,
   PgInspection,
@@ -156,7 +157,7 @@ export interface PgAcquireOptions {
  * lock.signal.throwIfAborted();
  * ```
  */
-export interface PgLock extends AsyncDisposable {
+export interface PgLock extends HeldLock {
   /** The lock name, as passed to {@linkcode PgLocks.acquire}. */
   readonly path: string;
   /** The PID in the record: this process. */
@@ -211,7 +212,7 @@ export interface PgLock extends AsyncDisposable {
  * await assert.rejects(other.acquire("example/locks"), HeldError);
  * ```
  */
-export interface PgLocks extends AsyncDisposable {
+export interface PgLocks extends Locks<PgLock, PgInspection>, AsyncDisposable {
   /**
    * Takes the lock `name` on a dedicated session (a released one of this
    * object's, or a new connection).
