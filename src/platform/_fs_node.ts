@@ -12,6 +12,7 @@
 import type { Stats } from "node:fs";
 import { fs } from "./_node.ts";
 import { flockFd } from "./_libc_node.ts";
+import { scratch } from "./_at.ts";
 import { type Dir, type FileInfo, type Handle, SysError } from "./types.ts";
 
 const {
@@ -65,9 +66,6 @@ function info(s: Stats): FileInfo {
       : "other",
   };
 }
-
-/** Shared by both platforms' reads (records are at most 4 KiB). */
-export const scratch = new Uint8Array(4097);
 
 class FsHandle implements Handle {
   #fd: number | undefined;

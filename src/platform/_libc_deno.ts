@@ -3,21 +3,15 @@
  * arm64 where the process may use the FFI:
  *
  * - `fstatat(2)` for a probe's lstat, where reading has no scope
- *   (`--allow-ffi --allow-read`, `-A`). Deno reports a missing file only by
- *   throwing, and an exception costs more than the system call (an lstat of
- *   a missing file: 11 µs through `Deno.lstatSync`, against 3 µs for one
- *   that exists and 0.7 µs through libc), so `held()` of a free lock was
- *   9.6× a failed open in C (issue 17). Here the call returns -1 and errno
- *   says ENOENT.
- * - The `*at()` calls on a pinned directory's descriptor and the calls on a
- *   lock file's (`_at_deno.ts`), where every permission is granted (`-A`):
- *   Deno has no `*at()` calls, no `O_NOFOLLOW` and no `O_NONBLOCK`, and it
- *   throws for every ENOENT and EEXIST the protocol expects.
+ *   (`--allow-ffi --allow-read`, `-A`): Deno reports a missing file only by
+ *   throwing, and an lstat of one costs 11 µs through `Deno.lstatSync`,
+ *   0.7 µs here, where the call returns -1 and errno says ENOENT.
+ * - The calls of `_at.ts` (pinned directories and their files), where
+ *   every permission is granted (`-A`), and inotify for the watches.
  *
  * A path that is no C string (a NUL in it, or too long to encode) and a
- * process without the grant go through Deno's ops as before.
- *
- * Loaded on the first probe or lock, never at import.
+ * process without the grant go through Deno's ops. Loaded on the first
+ * probe or lock, never at import.
  *
  * @module
  */
@@ -30,20 +24,19 @@ import {
   statIsFile,
   type StatLayout,
 } from "./_stat.ts";
-import type { FileInfo } from "./types.ts";
+import { AT_FDCWD, AT_SYMLINK_NOFOLLOW, type Libc as AtLibc } from "./_at.ts";
+import { type FileInfo, SysError } from "./types.ts";
 
-/** Linux's values, the same on x86-64 and arm64 (the only targets here). */
-export const AT_FDCWD = -100;
-export const AT_SYMLINK_NOFOLLOW = 0x100;
-export const O_CLOEXEC = 0o2000000;
-export const O_PATH = 0o10000000;
-export const O_DIRECTORY = 0o200000;
-export const O_NOFOLLOW = 0o400000;
-export const O_NONBLOCK = 0o4000;
-export const O_NOCTTY = 0o400;
-export const O_RDWR = 2;
-export const O_CREAT = 0o100;
-export const O_EXCL = 0o200;
+// Linux's values on x86-64 (arm64 numbers O_DIRECTORY and O_NOFOLLOW
+// otherwise; checkPlatform admits x86-64 alone).
+const O_CLOEXEC = 0o2000000;
+const O_NONBLOCK = 0o4000;
+const OPEN_FLAGS = {
+  create: 2 | 0o100 | 0o200 | O_CLOEXEC, // O_RDWR | O_CREAT | O_EXCL
+  // O_NOFOLLOW | O_NONBLOCK | O_NOCTTY
+  existing: 0o400000 | O_NONBLOCK | 0o400 | O_CLOEXEC,
+  dir: 0o10000000 | 0o200000 | O_CLOEXEC, // O_PATH | O_DIRECTORY
+};
 const F_DUPFD_CLOEXEC = 1030;
 const ENOENT = 2;
 const ENAMETOOLONG = 36;
@@ -97,27 +90,11 @@ const nameB = new Uint8Array(4097);
 const linkBuf = new Uint8Array(4097);
 
 /**
- * The calls, with libc's conventions: -1 on failure, then
- * {@linkcode Libc.errno} tells why. A name that cannot be a C string fails
- * without a call, with ENAMETOOLONG (or ENOENT for a NUL, which Deno's ops
- * refuse too).
+ * libc for the Deno platform: {@linkcode AtLibc}'s calls and the rest the
+ * platform makes. A name that cannot be a C string fails without a call,
+ * with ENAMETOOLONG (or ENOENT for a NUL, which Deno's ops refuse too).
  */
-export interface Libc {
-  openat(dirfd: number, path: string, flags: number, mode: number): number;
-  linkat(dirfd: number, from: string, to: string): number;
-  unlinkat(dirfd: number, path: string): number;
-  /** `fstatat(dirfd, path, &st, flags)`; {@linkcode statInfo} decodes it. */
-  fstatat(dirfd: number, path: string, flags: number): number;
-  /** `fstat(fd, &st)`; {@linkcode statInfo} decodes it. */
-  fstat(fd: number): number;
-  flock(fd: number, operation: number): number;
-  pread(fd: number, buf: Uint8Array, count: number, offset: number): number;
-  write(fd: number, buf: Uint8Array, count: number): number;
-  pwrite(fd: number, buf: Uint8Array, count: number, offset: number): number;
-  fchmod(fd: number, mode: number): number;
-  /** `fcntl(fd, F_DUPFD_CLOEXEC, min)`. */
-  dupfd(fd: number, min: number): number;
-  close(fd: number): number;
+export interface Libc extends AtLibc {
   /** `kill(pid, sig)`: with 0, whether the process exists. */
   kill(pid: number, sig: number): number;
   /** `readlink(path)`, or `undefined` on failure. */
@@ -131,8 +108,20 @@ export interface Libc {
   read(fd: number, buf: Uint8Array): number;
   /** `poll(2)` on a thread of Deno's blocking pool, off the event loop. */
   poll(fds: Uint8Array, nfds: number, ms: number): Promise<number>;
-  /** The calling thread's errno, as the last call left it. */
-  errno(): number;
+}
+
+/** The error for a failed `syscall` on `path`, worded as Deno words one. */
+export function errnoError(
+  errno: number,
+  syscall: string,
+  path: string,
+): SysError {
+  const name = ERRNO[errno] ?? "EUNKNOWN";
+  return new SysError(
+    name,
+    syscall,
+    `${syscall} '${path}': ${name} (os error ${errno})`,
+  );
 }
 
 /** Whether the last successful `fstatat`/`fstat` found a regular file. */
@@ -296,6 +285,14 @@ export function libc(): Libc | undefined {
       read: (n, buf) => s.read(n, buf, BigInt(buf.length)),
       poll: (fds, nfds, ms) => s.poll(fds, BigInt(nfds), ms),
       errno,
+      statInfo,
+      statIsFile: statFile,
+      error: errnoError,
+      flags: OPEN_FLAGS,
+      doubtfulEagain: true,
+      // A Deno holder makes no inotify instance (its watch would keep the
+      // process alive: see the platform's watchDir): nothing to come before.
+      renumber: false,
     };
     if (agrees(candidate)) bound = candidate;
   } catch {

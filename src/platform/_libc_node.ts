@@ -5,9 +5,9 @@
  * `write`, `fchmod` and `close`, all through the FFI the package already
  * loads (koffi under Node, the built-in `bun:ffi` under Bun).
  *
- * Why not `node:fs`: it has no `*at()` calls, so a pinned directory had to
- * be named `/proc/self/fd/N/<name>`, and every such walk leaves the kernel's
- * lock-free path lookup (~2 µs a call, issue 17); and each failed call
+ * Why not `node:fs`: it has no `*at()` calls, so a pinned directory would
+ * be named `/proc/self/fd/N/<name>`, and every such walk leaves the
+ * kernel's lock-free path lookup (~2 µs a call); and each failed call
  * throws, where the protocol expects ENOENT and EEXIST as answers. Here a
  * call returns libc's result, and the errno is read right after it.
  *
@@ -16,9 +16,9 @@
  * @module
  */
 
-import { constants as osc } from "node:os";
+import { constants as osc, release } from "node:os";
 import { process } from "../_process.ts";
-import { fs, load, util } from "./_node.ts";
+import { fs, inNodeWorker, load, util } from "./_node.ts";
 import {
   decodeStat,
   STAT_BYTES,
@@ -26,47 +26,78 @@ import {
   STAT_VER as STAT_VERS,
   statIsFile as isFile,
 } from "./_stat.ts";
+import { AT_FDCWD, AT_SYMLINK_NOFOLLOW, type Libc as AtLibc } from "./_at.ts";
 import { type FileInfo, SysError } from "./types.ts";
 
 /**
- * The calls, with libc's conventions: -1 (or a negative count) on failure,
- * then {@linkcode Libc.errno} tells why. Strings are paths or names
- * without NUL.
+ * libc for the Node and Bun platform: {@linkcode AtLibc}'s calls (all but
+ * `flock` only where `at` is true) and the rest the platform makes.
+ * Strings are paths or names without NUL.
  */
-export interface Libc {
-  /** Whether the calls below `flock` exist here (see {@linkcode libc}). */
+export interface Libc extends AtLibc {
+  /** Whether the calls other than `flock` exist here (see {@linkcode libc}). */
   readonly at: boolean;
-  flock(fd: number, operation: number): number;
-  /**
-   * `openat(dirfd, path, flags, mode)`: variadic in C, and declared so
-   * except where a fixed declaration is the same call (`FIXED_VARARGS`).
-   */
-  openat(dirfd: number, path: string, flags: number, mode: number): number;
-  linkat(dirfd: number, from: string, to: string): number;
-  unlinkat(dirfd: number, path: string): number;
-  /** `fstatat(dirfd, path, &st, flags)` into {@linkcode statInfo}'s buffer. */
-  fstatat(dirfd: number, path: string, flags: number): number;
-  /** `fstat(fd, &st)` into {@linkcode statInfo}'s buffer. */
-  fstat(fd: number): number;
-  pread(fd: number, buf: Uint8Array, count: number, offset: number): number;
-  write(fd: number, buf: Uint8Array, count: number): number;
-  pwrite(fd: number, buf: Uint8Array, count: number, offset: number): number;
-  fchmod(fd: number, mode: number): number;
-  /** `fcntl(fd, F_DUPFD_CLOEXEC, min)` (variadic in C: declared so). */
-  dupfd(fd: number, min: number): number;
-  close(fd: number): number;
   /** `kill(pid, sig)`: with 0, whether the process exists (and may be signalled). */
   kill(pid: number, sig: number): number;
-  /** The calling thread's errno, as the last call left it. */
-  errno(): number;
+  /** Binds inotify's calls (Linux), or throws. Call it once. */
+  inotify(): Inotify;
 }
 
+/** inotify's calls, with libc's conventions, and koffi's wait. */
+export interface Inotify {
+  /** `inotify_init1(IN_NONBLOCK | IN_CLOEXEC)`. */
+  init(): number;
+  addWatch(fd: number, path: string, mask: number): number;
+  rmWatch(fd: number, wd: number): number;
+  read(fd: number, buf: Uint8Array): number;
+  /**
+   * Under koffi, what waits off the event loop: `eventfd(0, EFD_NONBLOCK |
+   * EFD_CLOEXEC)`, `write(2)`, and `poll(2)` on a libuv pool thread.
+   * Not under Bun (`bun:ffi` has no async calls).
+   */
+  wait?: {
+    eventfd(): number;
+    write(fd: number, buf: Uint8Array): number;
+    poll: Poll;
+  };
+}
+
+/** `poll(fds, nfds, ms)` off the event loop, its result to `done`. */
+type Poll = (
+  fds: Uint8Array,
+  nfds: number,
+  ms: number,
+  done: (err: unknown, res: number) => void,
+) => void;
+
 /** Linux's values, the same on x86-64 and arm64 (the only `at` targets). */
-export const AT_FDCWD = -100;
-export const AT_SYMLINK_NOFOLLOW = 0x100;
-export const O_CLOEXEC = 0o2000000;
-export const O_PATH = 0o10000000;
+const O_CLOEXEC = 0o2000000;
+const O_PATH = 0o10000000;
+const O_NONBLOCK = 0o4000;
 const F_DUPFD_CLOEXEC = 1030;
+const { constants: fsc } = fs;
+/**
+ * A directory to pin: O_PATH on Linux (needs only search permission, reads
+ * nothing), else read-only.
+ */
+export const OPEN_DIR = (process.platform === "linux" ? O_PATH : fsc.O_RDONLY) |
+  fsc.O_DIRECTORY;
+const OPEN_FLAGS = {
+  create: fsc.O_RDWR | fsc.O_CREAT | fsc.O_EXCL | O_CLOEXEC,
+  existing: fsc.O_RDONLY | fsc.O_NOFOLLOW | fsc.O_NONBLOCK |
+    (fsc.O_NOCTTY ?? 0) | O_CLOEXEC,
+  dir: OPEN_DIR | O_CLOEXEC,
+};
+/**
+ * Whether the kernel closes a dying process's files from its highest
+ * descriptor down: Linux 4.3 and later (commit c82199061009, "task_work:
+ * remove fifo ordering guarantee"; before it, from the lowest up, where
+ * the descriptor had best stay low).
+ */
+const LAST_IN_FIRST_OUT = (() => {
+  const [major, minor] = release().split(".").map((n) => parseInt(n, 10));
+  return major > 4 || (major === 4 && minor >= 3);
+})();
 
 /** The names libc goes by, per OS, in the order they are tried. */
 export const LIBC: Partial<Record<NodeJS.Platform, string[]>> = {
@@ -118,9 +149,25 @@ interface BunFfi {
     symbols: Record<string, { args: string[]; returns: string }>,
   ): { symbols: Record<string, (...args: unknown[]) => unknown> };
   read: { i32(pointer: unknown, offset: number): number };
+  ptr(buf: Uint8Array): unknown;
+}
+
+/** The part of a library koffi loaded that this file uses. */
+interface KoffiLib {
+  func(decl: string): unknown;
 }
 
 type Fn = (...args: unknown[]) => number;
+
+/** What every binding has, whichever calls it binds. */
+const COMMON = {
+  statInfo,
+  statIsFile,
+  error: errnoError,
+  flags: OPEN_FLAGS,
+  doubtfulEagain: false,
+  renumber: LAST_IN_FIRST_OUT,
+};
 
 const NO_AT = {
   openat: () => -1,
@@ -209,7 +256,13 @@ function bindBun(name: string, at: Stat | false): Libc {
     return e;
   };
   const flock = s.flock as Fn;
-  if (!at) return { at: false, flock, errno, ...NO_AT };
+  const base = {
+    ...COMMON,
+    flock,
+    errno,
+    inotify: () => bunInotify(ffi, name),
+  };
+  if (!at) return { at: false, ...base, ...NO_AT };
   const openat = s.openat as Fn;
   const linkat = s.linkat as Fn;
   const unlinkat = s.unlinkat as Fn;
@@ -229,8 +282,7 @@ function bindBun(name: string, at: Stat | false): Libc {
   };
   return {
     at: true,
-    flock,
-    errno,
+    ...base,
     openat(dirfd, path, flags, mode) {
       const p = cString(path, nameA);
       return p ? openat(dirfd, p, flags, mode) : tooLong();
@@ -273,7 +325,8 @@ function bindKoffi(name: string, at: Stat | false): Libc {
   const lib = koffi.load(name);
   const flock = lib.func("int flock(int fd, int operation)") as Fn;
   const errno = () => koffi.errno();
-  if (!at) return { at: false, flock, errno, ...NO_AT };
+  const base = { ...COMMON, flock, errno, inotify: () => koffiInotify(lib) };
+  if (!at) return { at: false, ...base, ...NO_AT };
   // Variadic, as libc declares it, except on the two ABIs where a variadic
   // callee receives its integer arguments as a fixed one would (see
   // bindBun): a fixed fourth argument is wrong where variadic arguments
@@ -305,8 +358,7 @@ function bindKoffi(name: string, at: Stat | false): Libc {
   const fcntl = lib.func("int fcntl(int fd, int cmd, ...)");
   return {
     at: true,
-    flock,
-    errno,
+    ...base,
     openat: FIXED_VARARGS
       ? openat as Fn
       : (dirfd, path, flags, mode) => openat(dirfd, path, flags, "int", mode),
@@ -325,6 +377,52 @@ function bindKoffi(name: string, at: Stat | false): Libc {
     fchmod: lib.func("int fchmod(int fd, uint32_t mode)") as Fn,
     close: lib.func("int close(int fd)") as Fn,
     kill: lib.func("int kill(int pid, int sig)") as Fn,
+  };
+}
+
+const IN_NONBLOCK = O_NONBLOCK;
+const IN_CLOEXEC = O_CLOEXEC;
+
+function koffiInotify(lib: KoffiLib): Inotify {
+  const f = (decl: string) => lib.func(decl) as unknown as Fn;
+  const init = f("int inotify_init1(int flags)");
+  const read = f("intptr_t read(int fd, _Out_ uint8_t *buf, uintptr_t count)");
+  const write = f(
+    "intptr_t write(int fd, const uint8_t *buf, uintptr_t count)",
+  );
+  const eventfd = f("int eventfd(unsigned int initval, int flags)");
+  const poll = lib.func(
+    "int poll(_Inout_ uint8_t *fds, unsigned long nfds, int timeout)",
+  ) as unknown as { async: Poll };
+  return {
+    init: () => init(IN_NONBLOCK | IN_CLOEXEC),
+    addWatch: f(
+      "int inotify_add_watch(int fd, const char *path, uint32_t mask)",
+    ),
+    rmWatch: f("int inotify_rm_watch(int fd, int wd)"),
+    read: (fd, b) => Number(read(fd, b, b.length)),
+    wait: {
+      eventfd: () => eventfd(0, IN_NONBLOCK | IN_CLOEXEC),
+      write: (fd, b) => write(fd, b, b.length),
+      poll: (fds, nfds, ms, done) => poll.async(fds, nfds, ms, done),
+    },
+  };
+}
+
+function bunInotify(ffi: BunFfi, name: string): Inotify {
+  const s = ffi.dlopen(name, {
+    inotify_init1: { args: ["i32"], returns: "i32" },
+    inotify_add_watch: { args: ["i32", "ptr", "u32"], returns: "i32" },
+    inotify_rm_watch: { args: ["i32", "i32"], returns: "i32" },
+    read: { args: ["i32", "ptr", "u64"], returns: "i64" },
+  }).symbols;
+  const enc = new TextEncoder();
+  return {
+    init: () => Number(s.inotify_init1(IN_NONBLOCK | IN_CLOEXEC)),
+    addWatch: (fd, path, mask) =>
+      Number(s.inotify_add_watch(fd, ffi.ptr(enc.encode(path + "\0")), mask)),
+    rmWatch: (fd, wd) => Number(s.inotify_rm_watch(fd, wd)),
+    read: (fd, b) => Number(s.read(fd, ffi.ptr(b), b.length)),
   };
 }
 
@@ -366,6 +464,22 @@ export function libc(): Libc | undefined {
     loaded = { ...loaded, at: false, ...NO_AT };
   }
   return loaded;
+}
+
+let fast: Libc | null | undefined;
+
+/**
+ * libc with the `*at()` calls, for every call of a lock, or `null` where
+ * `node:fs` serves. Not in a Node worker thread: Node closes the
+ * descriptors node:fs opened in a worker when it ends (so the kernel drops
+ * the flocks of a terminated worker's locks), never those the FFI opened.
+ */
+export function ffi(): Libc | null {
+  if (fast === undefined) {
+    const l = inNodeWorker() ? null : libc();
+    fast = l?.at ? l : null;
+  }
+  return fast;
 }
 
 /** Whether this libc's `fstatat` decodes as `node:fs` reads the same file. */

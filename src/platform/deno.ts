@@ -1,31 +1,25 @@
 /**
- * The Deno implementation of {@linkcode Platform}: the only file that
- * touches `Deno.*`.
- *
- * Permissions are queried, never requested: a missing grant becomes a
- * `NOTCAPABLE` {@linkcode SysError} instead of a prompt. Answers that are
- * "granted" are cached per directory, so the hot path asks once per process.
+ * The Deno implementation of {@linkcode Platform}. Every call of a lock
+ * goes through libc where every permission is granted on Linux (`_at.ts`),
+ * otherwise through Deno's ops (`_fs_deno.ts`), under the permissions
+ * `_perm_deno.ts` asks about without a prompt.
  *
  * @module
  */
 
-import { openAt, openDirAt } from "./_at_deno.ts";
+import { FdDir, pinDir } from "./_at.ts";
+import { DenoDir, lstat, openExisting } from "./_fs_deno.ts";
 import {
-  AT_FDCWD,
-  ERRNO,
-  forgetReadGrant,
-  type Libc,
-  libc,
-  lstatLibc,
-} from "./_libc_deno.ts";
-import {
-  type Dir,
-  type FileInfo,
-  type Handle,
-  type Liveness,
-  type Platform,
-  SysError,
-} from "./types.ts";
+  at,
+  existingPath,
+  hasAllAccess,
+  kernelPath,
+  LINUX,
+  mayRun,
+  need,
+  sysError,
+} from "./_perm_deno.ts";
+import type { Dir, Liveness, Platform } from "./types.ts";
 import { checkPlatform } from "./_supported.ts";
 import { killLiveness, linkedDir } from "./_proc.ts";
 import { watchPath } from "./_watch_deno.ts";
@@ -34,529 +28,11 @@ import { inotifyWatch } from "./_inotify_deno.ts";
 // Here, before anything else runs: the only platform the tests run on.
 checkPlatform(Deno.build.os, Deno.build.arch);
 
-const BY_CLASS: [new (...args: never[]) => Error, string][] = [
-  [Deno.errors.NotFound, "ENOENT"],
-  [Deno.errors.AlreadyExists, "EEXIST"],
-  [Deno.errors.PermissionDenied, "EACCES"],
-  [Deno.errors.NotCapable, "NOTCAPABLE"],
-  [Deno.errors.IsADirectory, "EISDIR"],
-  [Deno.errors.NotADirectory, "ENOTDIR"],
-  [Deno.errors.FilesystemLoop, "ELOOP"],
-  [Deno.errors.NotSupported, "ENOTSUP"],
-];
-
-function sysError(err: unknown, syscall: string, path: string): SysError {
-  if (err instanceof SysError) return err;
-  let code = "EUNKNOWN";
-  const errno = (err as { code?: unknown } | null)?.code;
-  const osError = /\(os error (\d+)\)/.exec(
-    err instanceof Error ? err.message : "",
-  );
-  if (err instanceof Deno.errors.NotCapable) {
-    code = "NOTCAPABLE";
-  } else if (typeof errno === "string") {
-    code = errno;
-  } else if (LINUX && osError && ERRNO[Number(osError[1])]) {
-    code = ERRNO[Number(osError[1])];
-  } else {
-    for (const [cls, name] of BY_CLASS) {
-      if (err instanceof cls) {
-        code = name;
-        break;
-      }
-    }
-  }
-  const message = err instanceof Error ? err.message : String(err);
-  return new SysError(code, syscall, `${syscall} '${path}': ${message}`, {
-    cause: err,
-  });
-}
-
-// No node: imports in this file: the first one makes Deno load its Node
-// compatibility layer, which adds about 15 ms to every program's start.
-
-/** The directory part of a path; node:path's dirname is slow on the hot path. */
-function parent(path: string): string {
-  const slash = path.lastIndexOf("/");
-  return slash < 0 ? "." : slash === 0 ? "/" : path.slice(0, slash);
-}
-
-// Whether every permission is granted without scope and without a --deny
-// (`--allow-all`, or every flag): permission checks can then be skipped,
-// and /proc may be read (Deno refuses /proc paths with anything less:
-// "Requires all access"). Asked once, and asked again after any change of a
-// permission (`Deno.permissions.revoke` or `request`): every answer cached
-// here is forgotten then, so a revoked grant holds for every later call.
-let allAccess: boolean | undefined;
-const ALL = ["read", "write", "net", "env", "sys", "run", "ffi", "import"];
-let listening = false;
-
-function hasAllAccess(): boolean {
-  if (allAccess === undefined) {
-    // Each name is asked (no short cut): Deno tells of a change only
-    // through a status it has handed out.
-    let all = true;
-    for (const name of ALL) {
-      try {
-        const status = Deno.permissions.querySync(
-          { name } as Deno.PermissionDescriptor,
-        );
-        if (!listening) status.addEventListener("change", forgetGrants);
-        if (status.state !== "granted" || status.partial) all = false;
-      } catch {
-        all = false;
-      }
-    }
-    listening = true;
-    allAccess = all;
-  }
-  return allAccess;
-}
-
-/** Forgets every cached permission answer (a permission changed). */
-function forgetGrants(): void {
-  allAccess = undefined;
-  atLibc = undefined;
-  runGranted = undefined;
-  granted.clear();
-  forgetReadGrant();
-}
-
-// Permission answers that were "granted", per "read:/abs/dir". Only grants
-// are cached, and only by absolute path: a relative directory means another
-// one after a chdir, and calling an op on a path we have no grant for is
-// what would prompt. A refusal is asked again, since a grant may follow.
-// Bounded: a server that locks a new directory per job must not grow
-// without end (forgetting costs one more query).
-const granted = new Set<string>();
-const MAX_GRANTED = 4096;
-
-function need(name: "read" | "write", dir: string, syscall: string): void {
-  if (hasAllAccess()) return;
-  // Deno.cwd() needs no permission and never prompts.
-  const abs = dir.startsWith("/") ? dir : `${Deno.cwd()}/${dir}`;
-  const key = `${name}:${abs}`;
-  if (granted.has(key)) return;
-  const { state } = Deno.permissions.querySync({ name, path: abs });
-  if (state !== "granted") {
-    throw new SysError(
-      "NOTCAPABLE",
-      syscall,
-      `${syscall} '${abs}': requires --allow-${name}=${abs}`,
-      { grant: `--allow-${name}=${abs}` },
-    );
-  }
-  if (granted.size >= MAX_GRANTED) granted.clear();
-  granted.add(key);
-}
-
-// Deno closes a Worker's own files when it ends (terminate() included),
-// and so drops their flocks; a descriptor opened through the FFI stays
-// open for the life of the process, holding its lock. In a Worker, Deno's
-// ops serve. A node:worker_threads worker is a Deno Worker too, whose
-// global scope hides the WorkerGlobalScope name but not its class.
-const IN_WORKER =
-  typeof (globalThis as { WorkerGlobalScope?: unknown }).WorkerGlobalScope !==
-    "undefined" ||
-  Object.getPrototypeOf(globalThis)?.constructor?.name ===
-    "DedicatedWorkerGlobalScope";
-
 // Whether a watch of this process went through Deno.watchFs (no libc, or
 // no inotify descriptor to be had): the flags of its failings hold.
 let viaWatchFs = false;
-
-// libc's *at() calls (`_at_deno.ts`), or null where Deno's ops serve:
-// only with every permission granted, on Linux x86-64 and arm64, outside
-// Workers.
-let atLibc: Libc | null | undefined;
-function at(): Libc | null {
-  if (atLibc === undefined) {
-    atLibc = LINUX && !IN_WORKER && hasAllAccess() ? libc() ?? null : null;
-  }
-  return atLibc;
-}
-
-/** Whether a path has a `..` component. */
-function hasDotDot(path: string): boolean {
-  return path === ".." || path.startsWith("../") || path.endsWith("/..") ||
-    path.includes("/../");
-}
-
-/**
- * `path` with each `..` resolved as the kernel resolves it: after the
- * symlinks before it. Deno's file ops resolve `..` by the text unless every
- * permission is granted (they use the path their permission check
- * normalised), so `link/../run.lock` would be another file than the one
- * the kernel, Node, Bun, flock(1) and a Deno program run with `-A` name
- * (two holders of one lock). The real path of what comes before each `..`
- * has no `..` left, so there the text is the truth. `null` where a
- * directory before a `..` is missing: nothing there, as for the kernel.
- * With `create`, such directories are made (for `mkdirp`).
- */
-function kernelPath(path: string, create = false): string | null {
-  if (!hasDotDot(path) || hasAllAccess()) return path;
-  let out = path.startsWith("/") ? "/" : "";
-  for (const part of path.split("/")) {
-    if (part === "" || part === ".") continue;
-    if (part !== "..") {
-      out = out === ""
-        ? part
-        : out.endsWith("/")
-        ? out + part
-        : `${out}/${part}`;
-      continue;
-    }
-    const base = out === "" ? "." : out;
-    let real: string;
-    try {
-      if (create) {
-        need("write", base, "mkdir");
-        Deno.mkdirSync(base, { recursive: true });
-      }
-      need("read", base, "realpath");
-      real = Deno.realPathSync(base);
-      // The kernel walks `..` only out of a directory.
-      need("read", real, "stat");
-      if (!Deno.statSync(real).isDirectory) {
-        throw new SysError(
-          "ENOTDIR",
-          "realpath",
-          `realpath '${base}/..': Not a directory`,
-        );
-      }
-    } catch (err) {
-      const mapped = sysError(err, "realpath", base);
-      if (mapped.code === "ENOENT") return null;
-      throw mapped;
-    }
-    const slash = real.lastIndexOf("/");
-    out = slash <= 0 ? "/" : real.slice(0, slash);
-  }
-  return out === "" ? "." : out;
-}
-
-/** `kernelPath`, where a missing directory before a `..` is ENOENT. */
-function existingPath(given: string, syscall: string, create = false): string {
-  const path = kernelPath(given, create);
-  if (path !== null) return path;
-  throw new SysError(
-    "ENOENT",
-    syscall,
-    `${syscall} '${given}': No such file or directory`,
-  );
-}
-
-function info(s: Deno.FileInfo): FileInfo {
-  return {
-    dev: s.dev,
-    ino: s.ino ?? 0,
-    size: s.size,
-    mode: (s.mode ?? 0) & 0o7777,
-    uid: s.uid ?? 0,
-    kind: s.isFile
-      ? "file"
-      : s.isDirectory
-      ? "directory"
-      : s.isSymlink
-      ? "symlink"
-      : "other",
-  };
-}
-
-const LINUX = Deno.build.os === "linux";
-
-// One buffer for every read (records are at most 4 KiB): allocating and
-// zeroing 4 KiB per probe showed up next to the system calls.
-const scratch = new Uint8Array(4097);
-
-class DenoHandle implements Handle {
-  #file: Deno.FsFile;
-  #path: string;
-  #fresh = true;
-
-  constructor(file: Deno.FsFile, path: string) {
-    this.#file = file;
-    this.#path = path;
-  }
-
-  fd(): number | undefined {
-    return undefined; // Deno's files have resource ids, not descriptors
-  }
-
-  tryLock(exclusive: boolean): boolean {
-    try {
-      return this.#file.tryLockSync(exclusive);
-    } catch (err) {
-      throw sysError(err, "flock", this.#path);
-    }
-  }
-
-  unlock(): void {
-    try {
-      this.#file.unlockSync();
-    } catch (err) {
-      throw sysError(err, "flock", this.#path);
-    }
-  }
-
-  write(data: Uint8Array): void {
-    this.#fresh = false;
-    try {
-      let done = 0;
-      while (done < data.length) {
-        done += this.#file.writeSync(data.subarray(done));
-      }
-    } catch (err) {
-      throw sysError(err, "write", this.#path);
-    }
-  }
-
-  writeAt(data: Uint8Array, offset: number, path: string): void {
-    // Through a second open file of the same inode: a seek of our own
-    // would move the offset that every descriptor of this open file
-    // shares, such as the command's fd 9 (`runlock run`), whose writes
-    // would then land in the record. The name may lead to another file
-    // by now: only our inode is written.
-    let other: Deno.FsFile | undefined;
-    try {
-      other = Deno.openSync(path, { write: true });
-      const ours = this.#file.statSync();
-      const theirs = other.statSync();
-      if (ours.dev !== theirs.dev || ours.ino !== theirs.ino) {
-        throw new SysError(
-          "ESTALE",
-          "write",
-          `write '${path}': the name leads to another file now`,
-        );
-      }
-      other.seekSync(offset, Deno.SeekMode.Start);
-      let done = 0;
-      while (done < data.length) {
-        done += other.writeSync(data.subarray(done));
-      }
-    } catch (err) {
-      if (err instanceof SysError) throw err;
-      throw sysError(err, "write", path);
-    } finally {
-      other?.close();
-    }
-  }
-
-  readAll(max: number): Uint8Array {
-    try {
-      // A fresh descriptor is at offset 0: no seek.
-      if (!this.#fresh) this.#file.seekSync(0, Deno.SeekMode.Start);
-      this.#fresh = false;
-      const buf = max <= scratch.length ? scratch : new Uint8Array(max);
-      let len = 0;
-      while (len < max) {
-        const n = this.#file.readSync(buf.subarray(len, max));
-        if (n === null || n === 0) break;
-        len += n;
-        // A regular file reads short only at its end: no second read.
-        if (len < max) break;
-      }
-      return buf.subarray(0, len); // a view: see Handle.readAll
-    } catch (err) {
-      throw sysError(err, "read", this.#path);
-    }
-  }
-
-  stat(): FileInfo {
-    try {
-      return info(this.#file.statSync());
-    } catch (err) {
-      throw sysError(err, "fstat", this.#path);
-    }
-  }
-
-  chmod(mode: number): void {
-    // Deno.FsFile has no fchmod, and chmod(2) by path follows a symlink: if
-    // someone else could replace our fresh temp file with a symlink to, say,
-    // /etc/shadow, we would change that file's mode. So only where nobody
-    // but us (and root) can replace entries of the directory: it is ours or
-    // root's, and not writable by others, or sticky (where only a file's
-    // owner may rename or remove it). Elsewhere the umask's mode stays.
-    try {
-      const me = this.#file.statSync().uid;
-      const dir = Deno.statSync(parent(this.#path));
-      const dirMode = dir.mode ?? 0;
-      const owner = dir.uid === me || dir.uid === 0;
-      const closed = (dirMode & 0o022) === 0 || (dirMode & 0o1000) !== 0;
-      if (!owner || !closed) {
-        throw new SysError(
-          "EUNSAFE",
-          "chmod",
-          `chmod '${this.#path}': others may replace files in the directory`,
-        );
-      }
-      Deno.chmodSync(this.#path, mode);
-    } catch (err) {
-      throw sysError(err, "chmod", this.#path);
-    }
-  }
-
-  closeFirstAtExit(): void {
-    // Deno names no descriptor, and a Deno holder makes no inotify
-    // instance (its watch would keep the process alive: see watchDir).
-  }
-
-  close(): void {
-    try {
-      this.#file.close();
-    } catch {
-      // Already closed: close is idempotent for callers.
-    }
-  }
-}
-
 let hostnameCache: string | undefined;
 let identityCache: { boot: string; pidns: string } | undefined;
-let runGranted: boolean | undefined;
-
-function createNew(path: string): Handle | "EEXIST" | "ENOENT" {
-  const dir = parent(path);
-  try {
-    need("read", dir, "open");
-    need("write", dir, "open");
-    const file = Deno.openSync(path, {
-      read: true,
-      write: true,
-      createNew: true,
-      mode: 0o644,
-    });
-    return new DenoHandle(file, path);
-  } catch (err) {
-    if (err instanceof Deno.errors.AlreadyExists) return "EEXIST";
-    if (err instanceof Deno.errors.NotFound) return "ENOENT";
-    throw sysError(err, "open", path);
-  }
-}
-
-function openExisting(given: string): Handle | "ENOENT" {
-  const l = at();
-  if (l !== null) return openAt(l, AT_FDCWD, "", given);
-  const path = kernelPath(given);
-  if (path === null) return "ENOENT";
-  // Deno.open has neither O_NOFOLLOW nor O_NONBLOCK, so lstat first: a
-  // symlink is refused without being followed, and a FIFO is never opened
-  // (opening one read-only blocks until a writer comes). Then fstat the
-  // descriptor: if the path was swapped between the two calls, report it
-  // as gone and let the caller retry.
-  need("read", parent(path), "open");
-  const before = lstatChecked(path);
-  if (before === null) return "ENOENT";
-  if (before.kind === "symlink") {
-    throw new SysError("ELOOP", "open", `open '${path}': is a symlink`);
-  }
-  if (before.kind !== "file") {
-    throw new SysError(
-      "EFTYPE",
-      "open",
-      `open '${path}': not a regular file`,
-    );
-  }
-  let file: Deno.FsFile;
-  try {
-    file = Deno.openSync(path, { read: true });
-  } catch (err) {
-    if (err instanceof Deno.errors.NotFound) return "ENOENT";
-    throw sysError(err, "open", path);
-  }
-  const handle = new DenoHandle(file, path);
-  const after = handle.stat();
-  if (after.dev !== before.dev || after.ino !== before.ino) {
-    handle.close();
-    throw new SysError("ERACE", "open", `open '${path}': replaced`);
-  }
-  return handle;
-}
-
-function lstat(given: string): FileInfo | null {
-  const path = kernelPath(given);
-  if (path === null) return null;
-  need("read", parent(path), "lstat");
-  return lstatChecked(path);
-}
-
-/**
- * `lstat(2)` once the read permission is checked: through libc where the
- * FFI may be used (a missing file is then no exception), else Deno's op.
- */
-function lstatChecked(path: string): FileInfo | null {
-  const fast = lstatLibc(path);
-  if (typeof fast === "number") {
-    // As Deno words the errors it does not name (sysError reads it back).
-    const name = ERRNO[fast];
-    if (name !== undefined) {
-      throw new SysError(
-        name,
-        "lstat",
-        `lstat '${path}': ${name} (os error ${fast})`,
-      );
-    }
-  } else if (fast !== undefined) {
-    return fast;
-  }
-  try {
-    return info(Deno.lstatSync(path));
-  } catch (err) {
-    if (err instanceof Deno.errors.NotFound) return null;
-    throw sysError(err, "lstat", path);
-  }
-}
-
-/**
- * A directory pinned by its canonical path: Deno has no `*at()` calls, so
- * each entry is named `${prefix}/${name}`.
- */
-class DenoDir implements Dir {
-  readonly prefix: string;
-  readonly byDescriptor = false;
-
-  constructor(prefix: string) {
-    this.prefix = prefix;
-  }
-
-  create(name: string): Handle | "EEXIST" | "ENOENT" {
-    return createNew(`${this.prefix}/${name}`);
-  }
-
-  open(name: string): Handle | "ENOENT" {
-    return openExisting(`${this.prefix}/${name}`);
-  }
-
-  link(existing: string, created: string): "EEXIST" | "ENOENT" | undefined {
-    const to = `${this.prefix}/${created}`;
-    try {
-      need("write", this.prefix, "link");
-      Deno.linkSync(`${this.prefix}/${existing}`, to);
-      return undefined;
-    } catch (err) {
-      if (err instanceof Deno.errors.AlreadyExists) return "EEXIST";
-      if (err instanceof Deno.errors.NotFound) return "ENOENT";
-      throw sysError(err, "link", to);
-    }
-  }
-
-  unlink(name: string): "ENOENT" | undefined {
-    const path = `${this.prefix}/${name}`;
-    try {
-      need("write", this.prefix, "unlink");
-      Deno.removeSync(path);
-      return undefined;
-    } catch (err) {
-      if (err instanceof Deno.errors.NotFound) return "ENOENT";
-      throw sysError(err, "unlink", path);
-    }
-  }
-
-  lstat(name: string): FileInfo | null {
-    return lstat(`${this.prefix}/${name}`);
-  }
-
-  close(): void {}
-}
 
 /** Whether this Deno is older than `major.minor`. */
 function olderThan(major: number, minor: number): boolean {
@@ -658,9 +134,7 @@ export const platform: Platform = {
     return () => clearInterval(timer);
   },
 
-  openExisting(path: string): Handle | "ENOENT" {
-    return openExisting(path);
-  },
+  openExisting,
 
   openDir(given: string): Dir {
     // With every permission, libc pins it by a descriptor, as on Node and
@@ -671,11 +145,24 @@ export const platform: Platform = {
     // between two calls could (PROTOCOL.md, "Pinning the directory").
     const l = at();
     if (l !== null) {
-      return openDirAt(l, given, (path) => {
+      // Named by its canonical path (Deno's watches are counted by path, so
+      // one directory must always be named alike: not /proc/self/fd/N,
+      // which differs per lock), found when first asked for: from the
+      // descriptor, one readlink; by realpath where /proc cannot tell (not
+      // mounted, the directory removed, the descriptor closed); else as
+      // given. Never an error of its own: a message may be what asks.
+      return new FdDir(l, pinDir(l, given), given, (fd) => {
+        // A removed directory's link ends in " (deleted)"; so may a live
+        // one's, named the other way (the lock checks that a name names
+        // its directory).
+        const dir = linkedDir(
+          (fd < 0 ? undefined : l.readlink(`/proc/self/fd/${fd}`)) ?? "",
+        );
+        if (dir !== "") return dir;
         try {
-          return Deno.realPathSync(path);
-        } catch (err) {
-          throw sysError(err, "realpath", path);
+          return Deno.realPathSync(given);
+        } catch {
+          return undefined;
         }
       });
     }
@@ -691,9 +178,7 @@ export const platform: Platform = {
     return new DenoDir(real);
   },
 
-  lstat(path: string): FileInfo | null {
-    return lstat(path);
-  },
+  lstat,
 
   mkdirp(given: string): void {
     try {
@@ -738,11 +223,7 @@ export const platform: Platform = {
     // Through libc where it is bound: Deno.kill asks getpid() each call.
     const l = at();
     if (l) return killLiveness(l.kill(pid, 0), () => l.errno());
-    if (runGranted === undefined || !runGranted) {
-      runGranted = Deno.permissions.querySync({ name: "run" }).state ===
-        "granted";
-      if (!runGranted) return "unknown";
-    }
+    if (!mayRun()) return "unknown";
     try {
       Deno.kill(pid, 0 as unknown as Deno.Signal);
       return "alive";

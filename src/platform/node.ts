@@ -25,18 +25,11 @@ import { hostname } from "node:os";
 import { dirname } from "node:path";
 import { process } from "../_process.ts";
 import { fs } from "./_node.ts";
-import { AT_FDCWD } from "./_libc_node.ts";
+import { ffi, OPEN_DIR } from "./_libc_node.ts";
 import { watchClose } from "./_close_node.ts";
 import { checkPlatform } from "./_supported.ts";
 import { killLiveness, linkedDir } from "./_proc.ts";
-import {
-  ffi,
-  lstatAt,
-  OPEN_DIR,
-  openAt,
-  openDirAt,
-  procWorks,
-} from "./_at_node.ts";
+import { AT_FDCWD, FdDir, lstatAt, openAt, pinDir } from "./_at.ts";
 import { fsLstat, fsOpenExisting, PathDir, sysError } from "./_fs_node.ts";
 import type { Dir, FileInfo, Handle, Liveness, Platform } from "./types.ts";
 
@@ -45,6 +38,7 @@ checkPlatform(process.platform, process.arch);
 
 const {
   closeSync,
+  fstatSync,
   mkdirSync,
   openSync,
   readdirSync,
@@ -96,6 +90,22 @@ function isDirectory(path: string): boolean {
   }
 }
 
+// Whether /proc/self/fd/N names the open directory N (Linux with /proc
+// mounted). Asked once per process.
+let procFd: boolean | undefined;
+
+/** Whether /proc/self/fd/N names the open directory N. */
+function procWorks(fd: number): boolean {
+  if (procFd === undefined) {
+    try {
+      procFd = statSync(`${FD_PREFIX}${fd}`).ino === fstatSync(fd).ino;
+    } catch {
+      procFd = false;
+    }
+  }
+  return procFd;
+}
+
 /** The Node.js and Bun platform. */
 export const platform: Platform = {
   runtime: isBun ? "bun" : "node",
@@ -127,19 +137,30 @@ export const platform: Platform = {
   },
 
   openExisting(path: string): Handle | "ENOENT" {
-    return ffi() ? openAt(AT_FDCWD, "", path) : fsOpenExisting(path);
+    const l = ffi();
+    return l ? openAt(l, AT_FDCWD, "", path) : fsOpenExisting(path);
   },
 
   openDir(path: string): Dir {
     const l = ffi();
-    if (l) return openDirAt(l, path);
+    if (l) {
+      const fd = pinDir(l, path);
+      if (procWorks(fd)) return new FdDir(l, fd, path, `${FD_PREFIX}${fd}`);
+      // No /proc: still pinned by the descriptor; the canonical path names it.
+      try {
+        return new FdDir(l, fd, path, realpathSync.native(path));
+      } catch (err) {
+        l.close(fd);
+        throw sysError(err, "realpath", path);
+      }
+    }
     let fd: number;
     try {
       fd = openSync(path, OPEN_DIR);
     } catch (err) {
       throw sysError(err, "open", path);
     }
-    if (procWorks(fd)) return new PathDir(`/proc/self/fd/${fd}`, fd);
+    if (procWorks(fd)) return new PathDir(`${FD_PREFIX}${fd}`, fd);
     // No /proc: the canonical path, resolved once.
     try {
       return new PathDir(realpathSync.native(path), undefined);
@@ -151,7 +172,8 @@ export const platform: Platform = {
   },
 
   lstat(path: string): FileInfo | null {
-    return ffi() ? lstatAt(AT_FDCWD, "", path) : fsLstat(path);
+    const l = ffi();
+    return l ? lstatAt(l, AT_FDCWD, "", path) : fsLstat(path);
   },
 
   mkdirp(path: string): void {
