@@ -55,6 +55,9 @@ export const platform: Platform = {
   get watchMissesRemoval(): boolean {
     return viaWatchFs;
   },
+  // Deno.watchFs reports IN_CLOSE_WRITE as "access"; libc's watch asks
+  // for it.
+  watchSeesClose: true,
   // Deno.open has no O_NONBLOCK; libc's open is given it.
   get openMayBlock(): boolean {
     return at() === null;
@@ -255,7 +258,6 @@ export const platform: Platform = {
   },
 
   watchClose(): undefined {
-    // Deno.watchFs of the lock file reports the close itself ("access").
-    return undefined;
+    return undefined; // watchDir of the lock file reports the close itself
   },
 };

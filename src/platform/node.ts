@@ -114,6 +114,8 @@ export const platform: Platform = {
   // whose queued events it delivers; Bun reports it (a null name).
   watchLosesQuietly: false,
   watchMissesRemoval: false,
+  // libuv's inotify mask and Bun's leave out IN_CLOSE_WRITE.
+  watchSeesClose: false,
   openMayBlock: false,
 
   realDir(path: string): string {

@@ -143,6 +143,18 @@ export interface Platform {
    * looks at its directories periodically.
    */
   readonly watchMissesRemoval: boolean;
+  /**
+   * Whether {@linkcode Platform.watchDir} reports the close of a file
+   * opened for writing (inotify's `IN_CLOSE_WRITE`, a change not `moved`),
+   * the kernel's close of a dead holder's descriptor included, under the
+   * name the descriptor was opened by (an acquire's temp file, unlinked
+   * since, where the holder died after its link). Then a watch of a lock
+   * file or of its directory sees the holder's death: no
+   * {@linkcode Platform.watchClose} is needed beside it, and a waiter's
+   * looks can be rare. Deno: true (its watch reports the close as
+   * "access"); Node and Bun: false (libuv's and Bun's masks leave it out).
+   */
+  readonly watchSeesClose: boolean;
   /** This host's name, or `""` when it cannot be had without asking. */
   hostname(): string;
   /**
@@ -220,9 +232,9 @@ export interface Platform {
    * rename over it (and when it gains a hard link, or its mode, owner or
    * times change: inotify's `IN_ATTRIB` covers all of these): the events that
    * end a holder's file, so that a waiter needs no other watch of it.
-   * Returns `undefined` where the runtime cannot (or need not: Deno's
-   * {@linkcode Platform.watchDir} of the file reports the close itself);
-   * callers then rely on their other wake-ups and their poll.
+   * Returns `undefined` where the runtime cannot (or need not: see
+   * {@linkcode Platform.watchSeesClose}); callers then rely on their other
+   * wake-ups and their poll.
    */
   watchClose(
     path: string,
