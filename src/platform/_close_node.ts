@@ -31,35 +31,23 @@
 
 import { endianness } from "node:os";
 import { process } from "../_process.ts";
-import { LIBC } from "./_libc_node.ts";
-import { inNodeWorker, load } from "./_node.ts";
+import { type Inotify, libc } from "./_libc_node.ts";
+import { inNodeWorker } from "./_node.ts";
+import {
+  eachEvent,
+  IN_ATTRIB,
+  IN_CLOSE_WRITE,
+  IN_DONT_FOLLOW,
+  IN_IGNORED,
+  IN_MOVE_SELF,
+  IN_Q_OVERFLOW,
+  ONE,
+  POLL_MS,
+  PollFds,
+} from "./_inotify.ts";
 
-const IN_ATTRIB = 0x4;
-const IN_CLOSE_WRITE = 0x8;
-const IN_MOVE_SELF = 0x800;
-const IN_Q_OVERFLOW = 0x4000;
-const IN_IGNORED = 0x8000;
-const IN_DONT_FOLLOW = 0x2000000;
 /** What every watch asks for: each listener picks its part. */
 const WATCHED = IN_CLOSE_WRITE | IN_ATTRIB | IN_MOVE_SELF;
-const NONBLOCK = 0o4000;
-const CLOEXEC = 0o2000000;
-/**
- * How long one wait on Node's pool thread lasts (ms) before it is
- * re-issued. A bound, not a schedule: the eventfd ends a wait at once when
- * the last listener goes and at exit, and each re-issue is a wake-up of the
- * process (a pool thread, then the main thread: ~1 ms of CPU per second per
- * waiting process when it was 1 s).
- */
-const POLL_MS = 30_000;
-
-/** The calls this module needs, with libc's conventions (-1 on failure). */
-interface Calls {
-  inotifyInit(): number;
-  addWatch(fd: number, path: string, mask: number): number;
-  rmWatch(fd: number, wd: number): number;
-  read(fd: number, buf: Uint8Array): number;
-}
 
 /** Waits for the inotify descriptor to be readable, off the event loop. */
 interface Waiter {
@@ -81,16 +69,13 @@ interface Entry {
 }
 
 interface State {
-  readonly calls: Calls;
+  readonly calls: Inotify;
   readonly fd: number;
   readonly waiter: Waiter;
   readonly byWd: Map<number, Entry>;
   count: number;
 }
 
-const isBun = typeof (globalThis as { Bun?: unknown }).Bun !== "undefined";
-const LINUX_LIBC = LIBC.linux!;
-const ONE = new Uint8Array(new BigUint64Array([1n]).buffer);
 const buf = new Uint8Array(4096 + 16 + 256);
 
 let state: State | null | undefined;
@@ -172,27 +157,23 @@ function parse(
   n: number,
   due: Set<() => void>,
 ): void {
-  const dv = new DataView(bytes.buffer, bytes.byteOffset, n);
-  for (let at = 0; at + 16 <= n;) {
-    const wd = dv.getInt32(at, true);
-    const mask = dv.getUint32(at + 4, true);
-    at += 16 + dv.getUint32(at + 12, true);
+  eachEvent(bytes, n, (wd, mask) => {
     if (mask & IN_Q_OVERFLOW) {
       // Events were lost: any file may have been closed.
       for (const e of s.byWd.values()) {
         for (const l of e.listeners) due.add(l.call);
       }
-      continue;
+      return;
     }
     const entry = s.byWd.get(wd);
-    if (entry === undefined) continue;
+    if (entry === undefined) return;
     for (const l of entry.listeners) {
       if (mask & l.mask) due.add(l.call);
     }
     // The file is gone (its last link and descriptor): the kernel
     // removed the watch; its listeners stay until they stop.
     if (mask & IN_IGNORED) s.byWd.delete(wd);
-  }
+  });
 }
 
 function call(due: Set<() => void>): void {
@@ -213,22 +194,19 @@ function setUp(): State | null {
   // look again on their timer instead; the main thread keeps its one.
   if (inNodeWorker()) return null;
   try {
-    const made = isBun ? bunCalls() : koffiCalls();
-    if (made === null) return null;
-    const fd = made.calls.inotifyInit();
-    if (fd < 0) return null;
+    const calls = libc()?.inotify();
+    const fd = calls ? calls.init() : -1;
+    if (calls === undefined || fd < 0) return null;
     const s: State = {
-      calls: made.calls,
+      calls,
       fd,
       waiter: undefined as unknown as Waiter,
       byWd: new Map(),
       count: 0,
     };
-    const waiter = made.waiter(
-      fd,
-      () => drain(s),
-      (events) => deliver(s, events),
-    );
+    const waiter = calls.wait
+      ? pollWaiter(calls, calls.wait, fd, () => drain(s))
+      : streamWaiter(fd, (events) => deliver(s, events));
     if (waiter === null) return null;
     (s as { waiter: Waiter }).waiter = waiter;
     return s;
@@ -237,102 +215,46 @@ function setUp(): State | null {
   }
 }
 
-interface Made {
-  calls: Calls;
-  /**
-   * The wait: `onReadable` when the descriptor has events to read (Node),
-   * or `onEvents` with events the runtime read itself (Bun).
-   */
-  waiter(
-    fd: number,
-    onReadable: () => void,
-    onEvents: (events: Uint8Array) => void,
-  ): Waiter | null;
-}
-
-type Fn = (...args: unknown[]) => number;
-
-function koffiCalls(): Made | null {
-  const koffi = load("koffi") as typeof import("npm:koffi@3.3.4");
-  let lib;
-  for (const name of LINUX_LIBC) {
-    try {
-      lib = koffi.load(name);
-      break;
-    } catch {
-      // try the next name
-    }
-  }
-  if (lib === undefined) return null;
-  const l = lib;
-  const f = (decl: string) => l.func(decl) as unknown as Fn;
-  const init = f("int inotify_init1(int flags)");
-  const add = f(
-    "int inotify_add_watch(int fd, const char *path, uint32_t mask)",
-  );
-  const rm = f("int inotify_rm_watch(int fd, int wd)");
-  const efd = f("int eventfd(unsigned int initval, int flags)");
-  const read = f("intptr_t read(int fd, _Out_ uint8_t *buf, uintptr_t count)");
-  const write = f(
-    "intptr_t write(int fd, const uint8_t *buf, uintptr_t count)",
-  );
-  const poll = l.func(
-    "int poll(_Inout_ uint8_t *fds, unsigned long nfds, int timeout)",
-  ) as unknown as {
-    async(
-      fds: Uint8Array,
-      n: number,
-      ms: number,
-      done: (err: unknown, res: number) => void,
-    ): void;
-  };
-  const calls: Calls = {
-    inotifyInit: () => init(NONBLOCK | CLOEXEC),
-    addWatch: (fd, path, mask) => add(fd, path, mask),
-    rmWatch: (fd, wd) => rm(fd, wd),
-    read: (fd, b) => Number(read(fd, b, b.length)),
+/**
+ * Node's wait: an async `poll(2)` of the descriptor and an eventfd on a
+ * libuv pool thread, `onReadable` when the descriptor has events to read.
+ */
+function pollWaiter(
+  calls: Inotify,
+  wait: NonNullable<Inotify["wait"]>,
+  fd: number,
+  onReadable: () => void,
+): Waiter | null {
+  const wake = wait.eventfd();
+  if (wake < 0) return null;
+  const fds = new PollFds(fd, wake);
+  const scratch = new Uint8Array(8);
+  let armed = false;
+  let wanted = false;
+  // A pool thread blocked in poll would hold up the exit.
+  process.on("exit", () => {
+    if (armed) wait.write(wake, ONE);
+  });
+  const arm = () => {
+    armed = true;
+    fds.clear();
+    wait.poll(fds.bytes, 2, POLL_MS, (err, res) => {
+      armed = false;
+      if (!err && res > 0) {
+        if (fds.woken) calls.read(wake, scratch);
+        if (fds.ready) onReadable();
+      }
+      if (wanted && !armed) arm();
+    });
   };
   return {
-    calls,
-    waiter(fd, onReadable) {
-      const wake = efd(0, NONBLOCK | CLOEXEC);
-      if (wake < 0) return null;
-      const fds = new Uint8Array(16);
-      const dv = new DataView(fds.buffer);
-      dv.setInt32(0, fd, true);
-      dv.setInt16(4, 1, true); // POLLIN
-      dv.setInt32(8, wake, true);
-      dv.setInt16(12, 1, true);
-      const scratch = new Uint8Array(8);
-      let armed = false;
-      let wanted = false;
-      // A pool thread blocked in poll would hold up the exit.
-      process.on("exit", () => {
-        if (armed) write(wake, ONE, ONE.length);
-      });
-      const arm = () => {
-        armed = true;
-        dv.setInt16(6, 0, true);
-        dv.setInt16(14, 0, true);
-        poll.async(fds, 2, POLL_MS, (err, res) => {
-          armed = false;
-          if (!err && res > 0) {
-            if (dv.getInt16(14, true) !== 0) calls.read(wake, scratch);
-            if (dv.getInt16(6, true) !== 0) onReadable();
-          }
-          if (wanted && !armed) arm();
-        });
-      };
-      return {
-        start() {
-          wanted = true;
-          if (!armed) arm();
-        },
-        stop() {
-          wanted = false;
-          if (armed) write(wake, ONE, ONE.length);
-        },
-      };
+    start() {
+      wanted = true;
+      if (!armed) arm();
+    },
+    stop() {
+      wanted = false;
+      if (armed) wait.write(wake, ONE);
     },
   };
 }
@@ -342,70 +264,37 @@ interface BunFile {
   file(fd: number): { stream(): ReadableStream<Uint8Array> };
 }
 
-/** Minimal shape of `bun:ffi`, which has no types outside Bun. */
-interface BunFfi {
-  dlopen(
-    name: string,
-    symbols: Record<string, { args: string[]; returns: string }>,
-  ): { symbols: Record<string, (...args: unknown[]) => number | bigint> };
-  ptr(buf: Uint8Array): unknown;
-}
-
-function bunCalls(): Made | null {
-  const ffi = load("bun:ffi") as BunFfi;
+/**
+ * Bun's wait (`bun:ffi` has no async calls): Bun's own event loop waits
+ * for the descriptor (epoll) and reads it, through a stream of it, and
+ * hands the events it read to `onEvents`: no thread, no worker. Cancelling
+ * the stream leaves the descriptor open, and frees the process to exit.
+ */
+function streamWaiter(
+  fd: number,
+  onEvents: (events: Uint8Array) => void,
+): Waiter {
   const bun = (globalThis as unknown as { Bun: BunFile }).Bun;
-  let s;
-  for (const name of LINUX_LIBC) {
-    try {
-      s = ffi.dlopen(name, {
-        inotify_init1: { args: ["i32"], returns: "i32" },
-        inotify_add_watch: { args: ["i32", "ptr", "u32"], returns: "i32" },
-        inotify_rm_watch: { args: ["i32", "i32"], returns: "i32" },
-        read: { args: ["i32", "ptr", "u64"], returns: "i64" },
-      }).symbols;
-      break;
-    } catch {
-      // try the next name
-    }
-  }
-  if (s === undefined) return null;
-  const sym = s;
-  const enc = new TextEncoder();
-  const calls: Calls = {
-    inotifyInit: () => Number(sym.inotify_init1(NONBLOCK | CLOEXEC)),
-    addWatch: (fd, path, mask) =>
-      Number(sym.inotify_add_watch(fd, ffi.ptr(enc.encode(path + "\0")), mask)),
-    rmWatch: (fd, wd) => Number(sym.inotify_rm_watch(fd, wd)),
-    read: (fd, b) => Number(sym.read(fd, ffi.ptr(b), b.length)),
+  let reader: ReadableStreamDefaultReader<Uint8Array> | undefined;
+  const next = (r: ReadableStreamDefaultReader<Uint8Array>) => {
+    r.read().then(({ done, value }) => {
+      if (done || reader !== r) return;
+      if (value !== undefined) onEvents(value);
+      next(r);
+    }, () => {
+      if (reader === r) reader = undefined;
+    });
   };
   return {
-    calls,
-    waiter(fd, _onReadable, onEvents) {
-      // Bun's own event loop waits for the descriptor (epoll) and reads it,
-      // through a stream of it: no thread, no worker. Cancelling the stream
-      // leaves the descriptor open, and frees the process to exit.
-      let reader: ReadableStreamDefaultReader<Uint8Array> | undefined;
-      const next = (r: ReadableStreamDefaultReader<Uint8Array>) => {
-        r.read().then(({ done, value }) => {
-          if (done || reader !== r) return;
-          if (value !== undefined) onEvents(value);
-          next(r);
-        }, () => {
-          if (reader === r) reader = undefined;
-        });
-      };
-      return {
-        start() {
-          if (reader !== undefined) return;
-          reader = bun.file(fd).stream().getReader();
-          next(reader);
-        },
-        stop() {
-          const was = reader;
-          reader = undefined;
-          was?.cancel().catch(() => {});
-        },
-      };
+    start() {
+      if (reader !== undefined) return;
+      reader = bun.file(fd).stream().getReader();
+      next(reader);
+    },
+    stop() {
+      const was = reader;
+      reader = undefined;
+      was?.cancel().catch(() => {});
     },
   };
 }

@@ -20,32 +20,31 @@
  */
 
 import type { Libc } from "./_libc_deno.ts";
+import { type Listener, tell } from "./_watch_deno.ts";
+import {
+  eachEvent,
+  IN_ATTRIB,
+  IN_CLOSE_WRITE,
+  IN_CREATE,
+  IN_DELETE,
+  IN_DELETE_SELF,
+  IN_IGNORED,
+  IN_MODIFY,
+  IN_MOVE_SELF,
+  IN_MOVED_FROM,
+  IN_MOVED_TO,
+  IN_Q_OVERFLOW,
+  ONE,
+  POLL_MS,
+  PollFds,
+} from "./_inotify.ts";
 
-/** Told an entry's name when it changes; `""`: events may have been lost. */
-type Listener = (name: string, moved: boolean) => void;
-
-const IN_MODIFY = 0x2;
-const IN_ATTRIB = 0x4;
-const IN_CLOSE_WRITE = 0x8;
-const IN_MOVED_FROM = 0x40;
-const IN_MOVED_TO = 0x80;
-const IN_CREATE = 0x100;
-const IN_DELETE = 0x200;
-const IN_DELETE_SELF = 0x400;
-const IN_MOVE_SELF = 0x800;
-const IN_Q_OVERFLOW = 0x4000;
-const IN_IGNORED = 0x8000;
 /** What `Deno.watchFs` asks for (notify's mask). */
 const MASK = IN_MODIFY | IN_ATTRIB | IN_CLOSE_WRITE | IN_MOVED_FROM |
   IN_MOVED_TO | IN_CREATE | IN_DELETE | IN_DELETE_SELF | IN_MOVE_SELF;
 /** Events that change what a name leads to (Deno's create, remove, rename). */
 const MOVED = IN_MOVED_FROM | IN_MOVED_TO | IN_CREATE | IN_DELETE |
   IN_DELETE_SELF | IN_MOVE_SELF;
-/**
- * How long one poll lasts (ms) before it is issued again: a bound, as the
- * eventfd ends it when the last listener goes.
- */
-const POLL_MS = 30_000;
 /**
  * Reads of the descriptor per wake-up: writers that outpace the reader
  * would otherwise keep the event loop in one drain for seconds. The next
@@ -64,8 +63,7 @@ interface State {
   readonly libc: Libc;
   readonly fd: number;
   readonly wake: number;
-  /** Two `struct pollfd`: the inotify descriptor, the eventfd. */
-  readonly fds: Uint8Array;
+  readonly fds: PollFds;
   readonly byWd: Map<number, Set<Watcher>>;
   readonly wdOf: Map<Watcher, number>;
   count: number;
@@ -74,7 +72,6 @@ interface State {
 
 const decoder = new TextDecoder();
 const buf = new Uint8Array(16 * 1024);
-const ONE = new Uint8Array(new BigUint64Array([1n]).buffer);
 
 let state: State | null | undefined;
 
@@ -155,17 +152,11 @@ function setUp(libc: Libc): State | null {
     libc.close(fd);
     return null;
   }
-  const fds = new Uint8Array(16);
-  const dv = new DataView(fds.buffer);
-  dv.setInt32(0, fd, true);
-  dv.setInt16(4, 1, true); // POLLIN
-  dv.setInt32(8, wake, true);
-  dv.setInt16(12, 1, true);
   return {
     libc,
     fd,
     wake,
-    fds,
+    fds: new PollFds(fd, wake),
     byWd: new Map(),
     wdOf: new Map(),
     count: 0,
@@ -176,12 +167,10 @@ function setUp(libc: Libc): State | null {
 /** Waits for events while anyone listens, and hands them out. */
 function poll(s: State): void {
   s.polling = true;
-  const dv = new DataView(s.fds.buffer);
-  dv.setInt16(6, 0, true);
-  dv.setInt16(14, 0, true);
-  s.libc.poll(s.fds, 2, POLL_MS).then((n) => {
+  s.fds.clear();
+  s.libc.poll(s.fds.bytes, 2, POLL_MS).then((n) => {
     s.polling = false;
-    if (n > 0 && dv.getInt16(14, true) !== 0) s.libc.read(s.wake, buf);
+    if (n > 0 && s.fds.woken) s.libc.read(s.wake, buf);
     drain(s);
     if (s.count > 0) poll(s);
   }, () => {
@@ -194,42 +183,28 @@ function drain(s: State): void {
   for (let i = 0; i < READS; i++) {
     const n = s.libc.read(s.fd, buf);
     if (n <= 0) return;
-    const dv = new DataView(buf.buffer, 0, n);
-    for (let at = 0; at + 16 <= n;) {
-      const wd = dv.getInt32(at, true);
-      const mask = dv.getUint32(at + 4, true);
-      const len = dv.getUint32(at + 12, true);
-      const raw = buf.subarray(at + 16, at + 16 + len);
-      at += 16 + len;
+    eachEvent(buf, n, (wd, mask, raw) => {
       if (mask & IN_Q_OVERFLOW) {
         rearm(s);
         for (const w of [...s.wdOf.keys()]) tell(w.call, "", false);
-        continue;
+        return;
       }
       const watchers = s.byWd.get(wd);
-      if (watchers === undefined) continue;
+      if (watchers === undefined) return;
       if (mask & IN_IGNORED) {
         // The inode is gone (or its file system): the kernel dropped the
         // watch. Its listeners learn of it from the event before, or from
         // their parent's watch; the next watch of the path is a new one.
         s.byWd.delete(wd);
         for (const w of watchers) s.wdOf.delete(w);
-        continue;
+        return;
       }
       const moved = (mask & MOVED) !== 0;
       const end = raw.indexOf(0);
-      const name = len === 0 ? undefined : decoder.decode(
+      const name = raw.length === 0 ? undefined : decoder.decode(
         end < 0 ? raw : raw.subarray(0, end),
       );
       for (const w of [...watchers]) tell(w.call, name ?? w.base, moved);
-    }
-  }
-}
-
-function tell(listener: Listener, name: string, moved: boolean): void {
-  try {
-    listener(name, moved);
-  } catch {
-    // One listener's failure is not another's.
+    });
   }
 }

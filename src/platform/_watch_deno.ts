@@ -298,7 +298,8 @@ function close(watcher: Deno.FsWatcher): void {
   }
 }
 
-function tell(listener: Listener, name: string, moved: boolean): void {
+/** Calls `listener`; one listener's failure is not another's. */
+export function tell(listener: Listener, name: string, moved: boolean): void {
   try {
     listener(name, moved);
   } catch {
