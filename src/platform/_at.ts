@@ -321,6 +321,32 @@ export function lstatAt(
   return l.statInfo();
 }
 
+/**
+ * Whether `l`'s `fstatat` of `/`, decoded, reads as `theirs` (the
+ * runtime's own lstat of it): the struct's layout is the one assumed.
+ */
+export function agrees(
+  l: Libc,
+  theirs: () => {
+    dev: number;
+    ino: number | null;
+    mode: number | null;
+    uid: number | null;
+    size: number;
+  },
+): boolean {
+  try {
+    if (l.fstatat(AT_FDCWD, "/", AT_SYMLINK_NOFOLLOW) !== 0) return false;
+    const ours = l.statInfo();
+    const t = theirs();
+    return ours.dev === t.dev && ours.ino === t.ino &&
+      ours.kind === "directory" && ours.mode === ((t.mode ?? 0) & 0o7777) &&
+      ours.uid === t.uid && ours.size === t.size;
+  } catch {
+    return false;
+  }
+}
+
 /** Opens the directory `path` to pin it; its descriptor. */
 export function pinDir(l: Libc, path: string): number {
   let tries = 0;

@@ -1,30 +1,22 @@
 /**
  * The close of a lock file's writable descriptor, as an event, for Node and
- * Bun on Linux: `fs.watch` (libuv's inotify mask) reports no close, so a
- * waiter could find a SIGKILLed holder only by polling. The holder's
- * descriptor is open read-write, so its last close (the kernel's, when the
- * holder dies) is inotify's `IN_CLOSE_WRITE`, and it comes microseconds
- * before the flock goes. Every watch also asks the kernel for the file's
- * unlink and a rename over it (`IN_ATTRIB`: its link count changed) and
- * its renames (`IN_MOVE_SELF`), for waiters: every end of a holder's file,
- * so that a waiter needs no `fs.watch` of it. A listener that asked for
- * the close alone (a `watch()` session) is not called for them.
+ * Bun on Linux, where `fs.watch` reports none (libuv's inotify mask): the
+ * holder's descriptor is open read-write, so its last close (the kernel's,
+ * when the holder dies) is inotify's `IN_CLOSE_WRITE`, microseconds before
+ * the flock goes. A waiter's watch is also told of the file's unlink or a
+ * rename over it (`IN_ATTRIB`) and its renames (`IN_MOVE_SELF`), every end
+ * of a holder's file, so that it needs no `fs.watch` of it; a `watch()`
+ * session is told of the close alone.
  *
- * One inotify descriptor per process (`inotify_init1`, non-blocking,
- * close-on-exec), one watch per file (inotify gives one watch descriptor
- * per inode, whatever path named it), refcounted by its listeners and
- * removed with the last. Waiting for the descriptor to be readable never
- * blocks the event loop: on Node an async koffi call of `poll(2)` on a
- * libuv pool thread (bounded, re-issued while anyone listens, also
- * polling an eventfd that is written when the last listener goes and at
- * exit, so a pending wait ends at once and never keeps the process alive),
- * and the events are read, non-blocking, on the main thread; on Bun
- * (`bun:ffi` has no async calls) a stream of the descriptor, which Bun's
- * own event loop waits for and reads, cancelled when the last listener
- * goes.
+ * One inotify descriptor per process, one watch per inode, refcounted by
+ * its listeners. The descriptor is waited for off the event loop: under
+ * koffi by `poll(2)` on a libuv pool thread, bounded, with an eventfd
+ * written when the last listener goes and at exit, so that a wait never
+ * keeps the process alive; under Bun (no async calls) through a stream of
+ * it, which Bun's own event loop reads.
  *
- * Loaded on the first wait, never at import. Elsewhere (not Linux, big
- * endian, no FFI) {@linkcode watchClose} returns `undefined`.
+ * Bound on the first wait; elsewhere (not Linux, big-endian, no FFI)
+ * {@linkcode watchClose} returns `undefined`.
  *
  * @module
  */

@@ -10,7 +10,8 @@
 import { AT_FDCWD, openAt, scratch } from "./_at.ts";
 import { ERRNO, errnoError, lstatLibc } from "./_libc_deno.ts";
 import { at, kernelPath, need, parent, sysError } from "./_perm_deno.ts";
-import { type Dir, type FileInfo, type Handle, SysError } from "./types.ts";
+import type { PathCalls } from "./_path_dir.ts";
+import { type FileInfo, type Handle, SysError } from "./types.ts";
 
 export function info(s: Deno.FileInfo): FileInfo {
   return {
@@ -259,53 +260,32 @@ function lstatChecked(path: string): FileInfo | null {
 }
 
 /**
- * A directory pinned by its canonical path: Deno has no `*at()` calls, so
- * each entry is named `${prefix}/${name}`.
+ * Deno's ops for a directory pinned by its canonical path
+ * ({@linkcode PathDir}): Deno has no `*at()` calls.
  */
-export class DenoDir implements Dir {
-  readonly prefix: string;
-  readonly byDescriptor = false;
-
-  constructor(prefix: string) {
-    this.prefix = prefix;
-  }
-
-  create(name: string): Handle | "EEXIST" | "ENOENT" {
-    return createNew(`${this.prefix}/${name}`);
-  }
-
-  open(name: string): Handle | "ENOENT" {
-    return openExisting(`${this.prefix}/${name}`);
-  }
-
-  link(existing: string, created: string): "EEXIST" | "ENOENT" | undefined {
-    const to = `${this.prefix}/${created}`;
+export const denoPaths: PathCalls = {
+  create: createNew,
+  open: openExisting,
+  lstat,
+  link(from, to, dir) {
     try {
-      need("write", this.prefix, "link");
-      Deno.linkSync(`${this.prefix}/${existing}`, to);
+      need("write", dir, "link");
+      Deno.linkSync(from, to);
       return undefined;
     } catch (err) {
       if (err instanceof Deno.errors.AlreadyExists) return "EEXIST";
       if (err instanceof Deno.errors.NotFound) return "ENOENT";
       throw sysError(err, "link", to);
     }
-  }
-
-  unlink(name: string): "ENOENT" | undefined {
-    const path = `${this.prefix}/${name}`;
+  },
+  unlink(path, dir) {
     try {
-      need("write", this.prefix, "unlink");
+      need("write", dir, "unlink");
       Deno.removeSync(path);
       return undefined;
     } catch (err) {
       if (err instanceof Deno.errors.NotFound) return "ENOENT";
       throw sysError(err, "unlink", path);
     }
-  }
-
-  lstat(name: string): FileInfo | null {
-    return lstat(`${this.prefix}/${name}`);
-  }
-
-  close(): void {}
-}
+  },
+};

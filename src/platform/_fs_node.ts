@@ -11,9 +11,11 @@
 
 import type { Stats } from "node:fs";
 import { fs } from "./_node.ts";
-import { flockFd } from "./_libc_node.ts";
+import { constants } from "node:os";
+import { errnoError, libc, noFfi } from "./_libc_node.ts";
 import { scratch } from "./_at.ts";
-import { type Dir, type FileInfo, type Handle, SysError } from "./types.ts";
+import type { PathCalls } from "./_path_dir.ts";
+import { type FileInfo, type Handle, SysError } from "./types.ts";
 
 const {
   closeSync,
@@ -32,6 +34,23 @@ const LOCK_SH = 1;
 const LOCK_EX = 2;
 const LOCK_NB = 4;
 const LOCK_UN = 8;
+
+const { EAGAIN, EINTR, EWOULDBLOCK } = constants.errno;
+
+/**
+ * `flock(fd, operation)` through libc: `false` when it would block (only
+ * `LOCK_NB` is ever asked: a blocking flock would hold the event loop).
+ */
+function flock(fd: number, operation: number, path: string): boolean {
+  const l = libc() ?? noFfi(path);
+  for (;;) {
+    if (l.flock(fd, operation) === 0) return true;
+    const errno = l.errno();
+    if (errno === EINTR) continue;
+    if (errno === EWOULDBLOCK || errno === EAGAIN) return false;
+    throw errnoError(errno, "flock", path);
+  }
+}
 
 /** A `node:fs` error as a {@linkcode SysError}. */
 export function sysError(
@@ -81,16 +100,15 @@ class FsHandle implements Handle {
   }
 
   tryLock(exclusive: boolean): boolean {
-    return flockFd(
+    return flock(
       this.#fd!,
       (exclusive ? LOCK_EX : LOCK_SH) | LOCK_NB,
-      "",
       this.#path,
     );
   }
 
   unlock(): void {
-    flockFd(this.#fd!, LOCK_UN, "", this.#path);
+    flock(this.#fd!, LOCK_UN, this.#path);
   }
 
   write(data: Uint8Array): void {
@@ -231,40 +249,22 @@ export function fsLstat(path: string): FileInfo | null {
   }
 }
 
-/** A pinned directory whose entries are named `${prefix}/${name}`. */
-export class PathDir implements Dir {
-  readonly prefix: string;
-  readonly byDescriptor: boolean;
-  #fd: number | undefined;
-
-  constructor(prefix: string, fd: number | undefined) {
-    this.prefix = prefix;
-    this.byDescriptor = fd !== undefined;
-    this.#fd = fd;
-  }
-
-  create(name: string): Handle | "EEXIST" | "ENOENT" {
-    return createNew(`${this.prefix}/${name}`);
-  }
-
-  open(name: string): Handle | "ENOENT" {
-    return fsOpenExisting(`${this.prefix}/${name}`);
-  }
-
-  link(existing: string, created: string): "EEXIST" | "ENOENT" | undefined {
-    const to = `${this.prefix}/${created}`;
+/** `node:fs` for a directory pinned by a path ({@linkcode PathDir}). */
+export const nodePaths: PathCalls = {
+  create: createNew,
+  open: fsOpenExisting,
+  lstat: fsLstat,
+  link(from, to) {
     try {
-      linkSync(`${this.prefix}/${existing}`, to);
+      linkSync(from, to);
       return undefined;
     } catch (err) {
       const code = (err as { code?: string }).code;
       if (code === "EEXIST" || code === "ENOENT") return code;
       throw sysError(err, "link", to);
     }
-  }
-
-  unlink(name: string): "ENOENT" | undefined {
-    const path = `${this.prefix}/${name}`;
+  },
+  unlink(path) {
     try {
       unlinkSync(path);
       return undefined;
@@ -272,20 +272,12 @@ export class PathDir implements Dir {
       if ((err as { code?: string }).code === "ENOENT") return "ENOENT";
       throw sysError(err, "unlink", path);
     }
-  }
-
-  lstat(name: string): FileInfo | null {
-    return fsLstat(`${this.prefix}/${name}`);
-  }
-
-  close(): void {
-    if (this.#fd === undefined) return;
-    const fd = this.#fd;
-    this.#fd = undefined;
+  },
+  close(fd) {
     try {
       closeSync(fd);
     } catch {
       // Gone either way.
     }
-  }
-}
+  },
+};

@@ -1,20 +1,16 @@
 /**
  * Deno's watches read from inotify itself, where the process may use libc
- * (every permission granted, main thread, Linux).
+ * (every permission granted, main thread, Linux). `Deno.watchFs` matches
+ * each event against every watched path on Deno's notify thread (two
+ * canonicalizations apiece): beside a CPU hog, with 73 directories watched
+ * and 8 runs of 10 ms at a time, `watch()` reached 91 to 265 runs of 300
+ * (2.9.6). Here an event costs a lookup of its watch descriptor.
  *
- * `Deno.watchFs` matches each event against every watched path on Deno's
- * notify thread (two canonicalizations apiece): beside a CPU hog, with 73
- * directories watched and 8 runs of 10 ms at a time, `watch()` reached 91
- * to 265 runs of 300 (2.9.6). Here an event costs a lookup of its watch
- * descriptor.
- *
- * One inotify descriptor per process, one watch per inode (inotify gives
- * one watch descriptor per inode, whatever path named it), refcounted by
- * its listeners and removed with the last. The descriptor is waited for by
- * a `poll(2)` on a thread of Deno's blocking pool, which also polls an
- * eventfd written when the last listener goes, so that the pending call
- * ends at once and keeps the process alive no longer than a watch does.
- * Events are read, non-blocking, on the main thread.
+ * One inotify descriptor per process, one watch per inode, refcounted by
+ * its listeners. It is waited for by a `poll(2)` on Deno's blocking pool,
+ * with an eventfd written when the last listener goes, so that the wait
+ * keeps the process alive no longer than a watch does. Events are read,
+ * non-blocking, on the main thread.
  *
  * @module
  */

@@ -24,7 +24,12 @@ import {
   statIsFile,
   type StatLayout,
 } from "./_stat.ts";
-import { AT_FDCWD, AT_SYMLINK_NOFOLLOW, type Libc as AtLibc } from "./_at.ts";
+import {
+  agrees,
+  AT_FDCWD,
+  AT_SYMLINK_NOFOLLOW,
+  type Libc as AtLibc,
+} from "./_at.ts";
 import { type FileInfo, SysError } from "./types.ts";
 
 // Linux's values on x86-64 (arm64 numbers O_DIRECTORY and O_NOFOLLOW
@@ -294,21 +299,11 @@ export function libc(): Libc | undefined {
       // process alive: see the platform's watchDir): nothing to come before.
       renumber: false,
     };
-    if (agrees(candidate)) bound = candidate;
+    if (agrees(candidate, () => Deno.lstatSync("/"))) bound = candidate;
   } catch {
     // No libc.so.6 (a static or non-glibc build), or a refusal: Deno's ops.
   }
   return bound;
-}
-
-/** Whether the decoded `fstatat` of `/` reads as `Deno.lstatSync`'s. */
-function agrees(l: Libc): boolean {
-  if (l.fstatat(AT_FDCWD, "/", AT_SYMLINK_NOFOLLOW) !== 0) return false;
-  const ours = statInfo();
-  const theirs = Deno.lstatSync("/");
-  return ours.dev === theirs.dev && ours.ino === theirs.ino &&
-    ours.kind === "directory" && ours.mode === ((theirs.mode ?? 0) & 0o7777) &&
-    ours.uid === theirs.uid && ours.size === theirs.size;
 }
 
 /**

@@ -26,7 +26,7 @@ import {
   STAT_VER as STAT_VERS,
   statIsFile as isFile,
 } from "./_stat.ts";
-import { AT_FDCWD, AT_SYMLINK_NOFOLLOW, type Libc as AtLibc } from "./_at.ts";
+import { agrees, type Libc as AtLibc } from "./_at.ts";
 import { type FileInfo, SysError } from "./types.ts";
 
 /**
@@ -51,24 +51,18 @@ export interface Inotify {
   rmWatch(fd: number, wd: number): number;
   read(fd: number, buf: Uint8Array): number;
   /**
-   * Under koffi, what waits off the event loop: `eventfd(0, EFD_NONBLOCK |
-   * EFD_CLOEXEC)`, `write(2)`, and `poll(2)` on a libuv pool thread.
-   * Not under Bun (`bun:ffi` has no async calls).
+   * Under koffi (`bun:ffi` has no async calls), what waits off the event
+   * loop: `eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)`, `write(2)`, and
+   * `poll(2)` on a libuv pool thread, its result to `done`.
    */
   wait?: {
     eventfd(): number;
     write(fd: number, buf: Uint8Array): number;
-    poll: Poll;
+    poll: (fds: Uint8Array, n: number, ms: number, done: Done) => void;
   };
 }
 
-/** `poll(fds, nfds, ms)` off the event loop, its result to `done`. */
-type Poll = (
-  fds: Uint8Array,
-  nfds: number,
-  ms: number,
-  done: (err: unknown, res: number) => void,
-) => void;
+type Done = (err: unknown, res: number) => void;
 
 /** Linux's values, the same on x86-64 and arm64 (the only `at` targets). */
 const O_CLOEXEC = 0o2000000;
@@ -100,7 +94,7 @@ const LAST_IN_FIRST_OUT = (() => {
 })();
 
 /** The names libc goes by, per OS, in the order they are tried. */
-export const LIBC: Partial<Record<NodeJS.Platform, string[]>> = {
+const LIBC: Partial<Record<NodeJS.Platform, string[]>> = {
   linux: ["libc.so.6", "libc.so"],
   darwin: ["libSystem.B.dylib", "/usr/lib/libSystem.B.dylib"],
   freebsd: ["libc.so.7"],
@@ -211,12 +205,8 @@ function bindBun(name: string, at: Stat | false): Libc {
     [where]: { args: [], returns: "ptr" },
     ...(at
       ? {
-        // bun:ffi has no variadic calls. openat's mode goes as a fourth
-        // fixed argument, which is how a variadic callee receives it on
-        // the two ABIs this path runs on (x86-64 SysV: integer arguments
-        // in the same registers, %al only bounds the vector registers the
-        // callee saves; AAPCS64 on Linux: variadic arguments in registers
-        // like fixed ones). Not on macOS arm64 (stack), where this is off.
+        // bun:ffi has no variadic calls: openat's mode and fcntl's third
+        // argument go as fixed ones (see FIXED_VARARGS).
         openat: { args: [i32, "ptr", i32, i32], returns: i32 },
         linkat: { args: [i32, "ptr", i32, "ptr", i32], returns: i32 },
         unlinkat: { args: [i32, "ptr", i32], returns: i32 },
@@ -238,7 +228,6 @@ function bindBun(name: string, at: Stat | false): Libc {
         write: { args: [i32, "ptr", "u64"], returns: i32 },
         pwrite: { args: [i32, "ptr", "u64", "i64"], returns: i32 },
         fchmod: { args: [i32, "u32"], returns: i32 },
-        // Variadic in C; its third argument passed as openat's mode is.
         fcntl: { args: [i32, i32, i32], returns: i32 },
         close: { args: [i32], returns: i32 },
         kill: { args: [i32, i32], returns: i32 },
@@ -314,8 +303,9 @@ function bindBun(name: string, at: Stat | false): Libc {
 /**
  * Linux on x86-64 (SysV: the same registers, %al only bounds the vector
  * registers a variadic callee saves) or arm64 (AAPCS64: variadic arguments
- * in registers like fixed ones): a variadic function's integer arguments
- * may be passed as fixed ones.
+ * in registers like fixed ones; not macOS arm64, where they go on the
+ * stack): a variadic function's integer arguments may be passed as fixed
+ * ones.
  */
 const FIXED_VARARGS = process.platform === "linux" &&
   (process.arch === "x64" || process.arch === "arm64");
@@ -327,14 +317,9 @@ function bindKoffi(name: string, at: Stat | false): Libc {
   const errno = () => koffi.errno();
   const base = { ...COMMON, flock, errno, inotify: () => koffiInotify(lib) };
   if (!at) return { at: false, ...base, ...NO_AT };
-  // Variadic, as libc declares it, except on the two ABIs where a variadic
-  // callee receives its integer arguments as a fixed one would (see
-  // bindBun): a fixed fourth argument is wrong where variadic arguments
-  // travel on the stack (macOS arm64), and the variadic call costs ~55-70
-  // ns more (koffi 3.3.4, Linux x86-64), a tenth of an open. The *at()
-  // calls are bound only where `layout` is known (Linux x86-64 and arm64),
-  // so today that is always the fixed declaration; the variadic one is for
-  // a layout added for another ABI.
+  // Variadic, as libc declares it, except where FIXED_VARARGS holds (the
+  // only ABIs with a `layout` today): the variadic call costs ~55-70 ns
+  // more (koffi 3.3.4, Linux x86-64), a tenth of an open.
   const openat = FIXED_VARARGS
     ? lib.func("int openat(int dirfd, str path, int flags, int mode)")
     : lib.func("int openat(int dirfd, str path, int flags, ...)");
@@ -393,7 +378,7 @@ function koffiInotify(lib: KoffiLib): Inotify {
   const eventfd = f("int eventfd(unsigned int initval, int flags)");
   const poll = lib.func(
     "int poll(_Inout_ uint8_t *fds, unsigned long nfds, int timeout)",
-  ) as unknown as { async: Poll };
+  ) as unknown as { async: (...args: [...unknown[], Done]) => void };
   return {
     init: () => init(IN_NONBLOCK | IN_CLOEXEC),
     addWatch: f(
@@ -460,7 +445,7 @@ export function libc(): Libc | undefined {
     }
     if (loaded) break;
   }
-  if (loaded?.at && !agrees(loaded)) {
+  if (loaded?.at && !agrees(loaded, () => fs.lstatSync("/"))) {
     loaded = { ...loaded, at: false, ...NO_AT };
   }
   return loaded;
@@ -480,20 +465,6 @@ export function ffi(): Libc | null {
     fast = l?.at ? l : null;
   }
   return fast;
-}
-
-/** Whether this libc's `fstatat` decodes as `node:fs` reads the same file. */
-function agrees(l: Libc): boolean {
-  try {
-    if (l.fstatat(AT_FDCWD, "/", AT_SYMLINK_NOFOLLOW) !== 0) return false;
-    const ours = statInfo();
-    const theirs = fs.lstatSync("/");
-    return ours.dev === theirs.dev && ours.ino === theirs.ino &&
-      ours.kind === "directory" && ours.mode === (theirs.mode & 0o7777) &&
-      ours.uid === theirs.uid && ours.size === theirs.size;
-  } catch {
-    return false;
-  }
 }
 
 /** The error for a failed `syscall` on `path`, from its errno. */
@@ -518,35 +489,8 @@ export function errnoError(
 
 let errnoNames: Map<number, string> | undefined;
 
-export const EINTR = osc.errno.EINTR;
-export const ENOENT = osc.errno.ENOENT;
-export const EEXIST = osc.errno.EEXIST;
-const EWOULDBLOCK = osc.errno.EWOULDBLOCK;
-const EAGAIN = osc.errno.EAGAIN;
-
-/**
- * `flock(fd, operation)`: `false` when it would block (only `LOCK_NB` is
- * ever asked: a blocking flock would hold the event loop); EINTR retried.
- * `dir` and `name` name the file in errors (`dir` "": `name` is a path).
- */
-export function flockFd(
-  fd: number,
-  operation: number,
-  dir: string,
-  name: string,
-): boolean {
-  const l = loaded ?? libc() ?? noFfi(dir === "" ? name : `${dir}/${name}`);
-  for (;;) {
-    if (l.flock(fd, operation) === 0) return true;
-    const errno = l.errno();
-    if (errno === EINTR) continue;
-    if (errno === EWOULDBLOCK || errno === EAGAIN) return false;
-    throw errnoError(errno, "flock", dir === "" ? name : `${dir}/${name}`);
-  }
-}
-
 /** Why {@linkcode libc} could not load, as the error flock throws. */
-function noFfi(path: string): never {
+export function noFfi(path: string): never {
   const names = LIBC[process.platform];
   if (!names) {
     throw new SysError(

@@ -1,32 +1,25 @@
 /**
- * Deno's watches of directories and files, over `Deno.watchFs`.
+ * Deno's watches of directories and files over `Deno.watchFs`, where
+ * libc's inotify cannot serve (`_inotify_deno.ts`).
  *
- * Deno keeps one notify watcher per process and offers each event to every
- * open `FsWatcher`, matching it against each of that watcher's paths (two
- * canonicalizations apiece) and dropping it where that watcher's queue of
- * 16 is full. With one watcher per directory, 8 runs at a time over 73
- * directories reached `watch()` for 48 to 56 runs of 300; with one watcher
- * over the 73 directories, for 300 of 300 (2.9.6). So every directory is
- * watched by one shared watcher, whose events go to the listeners of their
- * directory. A file (a waiter's watch of its holder's file) has a watcher
- * of its own: files come and go, and a path leaves a watcher only with it.
+ * Deno offers each event to every open `FsWatcher`, matching it against
+ * each of its paths and dropping it where that watcher's queue of 16 is
+ * full: 8 runs at a time over 73 directories, one watcher each, reached
+ * `watch()` for 48-56 runs of 300; one watcher over all of them, 300
+ * (2.9.6). So the directories share one watcher; a file (a waiter's watch
+ * of its holder's file) has its own, as a path leaves a watcher only with
+ * the watcher.
  *
- * Deno counts the watchers of each path and arms a path (an inotify watch)
- * only when its count is 0; a closed watcher's counts drop a turn later,
- * when its pending read ends. A watch of a path whose watch closed in the
- * same turn, where the file at the path was replaced since, reported 0
- * events of 3 (an open for writing, its close, the unlink), and 3 of 3 a
- * timer's turn later. Hence:
- * - a directory is added by opening a watcher over all of them before the
- *   old one is closed (every old path stays counted, and armed);
- * - a directory whose path now names another one is re-armed from nothing:
- *   close, a timer's turn, open over every directory that has listeners,
- *   whose listeners are then told that events may have been lost (a watch
- *   asked for meanwhile is armed with them); so are all of them where the
- *   paths without listeners outnumber those with;
- * - a file's watch is refused while one armed on another identity is open,
- *   and until a timer's turn after the close of its last watch (ext4 gives
- *   a new file the inode number of one just freed: identity cannot tell).
+ * Deno arms a path (an inotify watch) only while its count of watchers is
+ * 0, and a closed watcher's counts drop a turn later: a watch of a path
+ * whose watch closed in the same turn, the file replaced since, saw 0
+ * events of 3 (2.9.6). Hence a directory is added by opening the new
+ * watcher before closing the old; a path that names another directory
+ * now is re-armed from nothing, a timer's turn after the close, and its
+ * listeners are told that events may have been lost; and a file's watch
+ * is refused while one on another identity is open, and for a turn after
+ * its last close (ext4 gives a new file the inode number just freed).
+ *
  * @module
  */
 

@@ -8,7 +8,8 @@
  */
 
 import { FdDir, pinDir } from "./_at.ts";
-import { DenoDir, lstat, openExisting } from "./_fs_deno.ts";
+import { denoPaths, lstat, openExisting } from "./_fs_deno.ts";
+import { PathDir } from "./_path_dir.ts";
 import {
   at,
   existingPath,
@@ -178,7 +179,7 @@ export const platform: Platform = {
       throw sysError(err, "realpath", path);
     }
     // A file there makes the first create fail with ENOTDIR.
-    return new DenoDir(real);
+    return new PathDir(denoPaths, real);
   },
 
   lstat,

@@ -1,22 +1,15 @@
 /**
- * The Node.js (and Bun) implementation of {@linkcode Platform}.
- *
- * Node has neither flock nor the `*at()` system calls, so they are called
- * in libc through koffi's FFI (under Bun, through the built-in `bun:ffi`):
- * see `_libc_node.ts`. On Linux x86-64 and arm64 every call of a lock goes
- * through its pinned directory's descriptor (`openat`, `linkat`,
- * `unlinkat`, `fstatat`) and its file's (`flock`, `fstat`, `pread`, `write`,
- * `close`), and the answers the protocol expects (ENOENT, EEXIST,
- * EWOULDBLOCK) are values, never exceptions. Elsewhere `node:fs` serves
- * (`_fs_node.ts`), with flock through the FFI.
+ * The Node.js (and Bun) implementation of {@linkcode Platform}. Node has
+ * neither flock nor the `*at()` calls: they are libc's, through koffi
+ * (under Bun, `bun:ffi`), bound on the first lock operation
+ * (`_libc_node.ts`). On Linux x86-64 and arm64 every call of a lock goes
+ * through `_at.ts`; elsewhere `node:fs` serves (`_fs_node.ts`), with flock
+ * through the FFI.
  *
  * Not `fs-native-extensions` or `os-lock`: those take fcntl/OFD locks, which
  * do not conflict with flock, so they would not exclude a Deno process,
  * `flock(1)` or Python. Only `LOCK_NB` is ever used: a blocking flock would
  * hold the event loop, or a libuv pool thread (fs-ext's known deadlock).
- *
- * The FFI is loaded on the first lock operation, not at import, so a CLI that
- * imports runlock but does not lock pays nothing for it.
  *
  * @module
  */
@@ -30,7 +23,8 @@ import { watchClose } from "./_close_node.ts";
 import { checkPlatform } from "./_supported.ts";
 import { killLiveness, linkedDir } from "./_proc.ts";
 import { AT_FDCWD, FdDir, lstatAt, openAt, pinDir } from "./_at.ts";
-import { fsLstat, fsOpenExisting, PathDir, sysError } from "./_fs_node.ts";
+import { fsLstat, fsOpenExisting, nodePaths, sysError } from "./_fs_node.ts";
+import { PathDir } from "./_path_dir.ts";
 import type { Dir, FileInfo, Handle, Liveness, Platform } from "./types.ts";
 
 // Here, before anything else runs: the only platform the tests run on.
@@ -162,10 +156,10 @@ export const platform: Platform = {
     } catch (err) {
       throw sysError(err, "open", path);
     }
-    if (procWorks(fd)) return new PathDir(`${FD_PREFIX}${fd}`, fd);
+    if (procWorks(fd)) return new PathDir(nodePaths, `${FD_PREFIX}${fd}`, fd);
     // No /proc: the canonical path, resolved once.
     try {
-      return new PathDir(realpathSync.native(path), undefined);
+      return new PathDir(nodePaths, realpathSync.native(path));
     } catch (err) {
       throw sysError(err, "realpath", path);
     } finally {
