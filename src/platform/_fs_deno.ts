@@ -20,14 +20,17 @@ export function info(s: Deno.FileInfo): FileInfo {
     size: s.size,
     mode: (s.mode ?? 0) & 0o7777,
     uid: s.uid ?? 0,
-    kind: s.isFile
-      ? "file"
-      : s.isDirectory
-      ? "directory"
-      : s.isSymlink
-      ? "symlink"
-      : "other",
+    kind: kindOf(s),
   };
+}
+
+/** The kind of file that a `Deno.FileInfo` or `Deno.DirEntry` tells. */
+export function kindOf(
+  s: { isFile: boolean; isDirectory: boolean; isSymlink: boolean },
+): FileInfo["kind"] {
+  if (s.isFile) return "file";
+  if (s.isDirectory) return "directory";
+  return s.isSymlink ? "symlink" : "other";
 }
 
 class DenoHandle implements Handle {

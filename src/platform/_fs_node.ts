@@ -9,7 +9,7 @@
  * @module
  */
 
-import type { Stats } from "node:fs";
+import type { Dirent, Stats } from "node:fs";
 import { fs } from "./_node.ts";
 import { constants } from "node:os";
 import { errnoError, libc, noFfi } from "./_libc_node.ts";
@@ -76,14 +76,15 @@ function info(s: Stats): FileInfo {
     size: s.size,
     mode: s.mode & 0o7777,
     uid: s.uid,
-    kind: s.isFile()
-      ? "file"
-      : s.isDirectory()
-      ? "directory"
-      : s.isSymbolicLink()
-      ? "symlink"
-      : "other",
+    kind: kindOf(s),
   };
+}
+
+/** The kind of file that a `Stats` or `Dirent` tells. */
+export function kindOf(s: Stats | Dirent): FileInfo["kind"] {
+  if (s.isFile()) return "file";
+  if (s.isDirectory()) return "directory";
+  return s.isSymbolicLink() ? "symlink" : "other";
 }
 
 class FsHandle implements Handle {

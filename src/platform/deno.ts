@@ -8,7 +8,7 @@
  */
 
 import { FdDir, pinDir } from "./_at.ts";
-import { denoPaths, lstat, openExisting } from "./_fs_deno.ts";
+import { denoPaths, kindOf, lstat, openExisting } from "./_fs_deno.ts";
 import { PathDir } from "./_path_dir.ts";
 import {
   at,
@@ -210,13 +210,7 @@ export const platform: Platform = {
       need("read", path, "readdir");
       return Array.from(Deno.readDirSync(path), (entry) => ({
         name: entry.name,
-        kind: entry.isFile
-          ? "file" as const
-          : entry.isDirectory
-          ? "directory" as const
-          : entry.isSymlink
-          ? "symlink" as const
-          : "other" as const,
+        kind: kindOf(entry),
       }));
     } catch (err) {
       throw sysError(err, "readdir", given);

@@ -23,7 +23,13 @@ import { watchClose } from "./_close_node.ts";
 import { checkPlatform } from "./_supported.ts";
 import { killLiveness, linkedDir } from "./_proc.ts";
 import { AT_FDCWD, FdDir, lstatAt, openAt, pinDir } from "./_at.ts";
-import { fsLstat, fsOpenExisting, nodePaths, sysError } from "./_fs_node.ts";
+import {
+  fsLstat,
+  fsOpenExisting,
+  kindOf,
+  nodePaths,
+  sysError,
+} from "./_fs_node.ts";
 import { PathDir } from "./_path_dir.ts";
 import type { Dir, FileInfo, Handle, Liveness, Platform } from "./types.ts";
 
@@ -192,13 +198,7 @@ export const platform: Platform = {
     try {
       return readdirSync(path, { withFileTypes: true }).map((d) => ({
         name: d.name,
-        kind: d.isFile()
-          ? "file" as const
-          : d.isDirectory()
-          ? "directory" as const
-          : d.isSymbolicLink()
-          ? "symlink" as const
-          : "other" as const,
+        kind: kindOf(d),
       }));
     } catch (err) {
       throw sysError(err, "readdir", path);
