@@ -2,7 +2,8 @@
  * The Deno platform's open files and pinned directories through Deno's own
  * ops, where libc is not to be had (`_at.ts` serves with every permission
  * on Linux): a directory pinned by its canonical path, each permission
- * checked before an op would prompt, and `..` resolved as the kernel does.
+ * checked before an op would prompt, and `..` resolved as the kernel does
+ * (`_perm_deno.ts`).
  *
  * @module
  */
@@ -13,7 +14,8 @@ import { at, kernelPath, need, parent, sysError } from "./_perm_deno.ts";
 import type { PathCalls } from "./_path_dir.ts";
 import { type FileInfo, type Handle, SysError } from "./types.ts";
 
-export function info(s: Deno.FileInfo): FileInfo {
+/** What Deno's stat tells, as a {@linkcode FileInfo}. */
+function info(s: Deno.FileInfo): FileInfo {
   return {
     dev: s.dev,
     ino: s.ino ?? 0,
@@ -33,6 +35,7 @@ export function kindOf(
   return s.isSymlink ? "symlink" : "other";
 }
 
+/** A file opened through Deno's ops; `path` names it in messages. */
 class DenoHandle implements Handle {
   #file: Deno.FsFile;
   #path: string;
@@ -194,7 +197,7 @@ export function createNew(path: string): Handle | "EEXIST" | "ENOENT" {
   }
 }
 
-/** {@linkcode Platform.openExisting}. */
+/** {@linkcode Platform.openExisting}: through libc where `at()` serves. */
 export function openExisting(given: string): Handle | "ENOENT" {
   const l = at();
   if (l !== null) return openAt(l, AT_FDCWD, "", given);

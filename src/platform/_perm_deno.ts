@@ -157,11 +157,11 @@ const IN_WORKER =
   Object.getPrototypeOf(globalThis)?.constructor?.name ===
     "DedicatedWorkerGlobalScope";
 
-// libc for every call of a lock (`_at.ts`), or null where Deno's ops
-// serve: only with every permission granted, on Linux x86-64 and arm64,
-// outside Workers.
 let atLibc: Libc | null | undefined;
-/** libc for every call of a lock, or `null` where Deno's ops serve. */
+/**
+ * libc for every call of a lock (`_at.ts`), or `null` where Deno's ops
+ * serve: only with every permission granted, on Linux, outside Workers.
+ */
 export function at(): Libc | null {
   if (atLibc === undefined) {
     atLibc = LINUX && !IN_WORKER && hasAllAccess() ? libc() ?? null : null;
