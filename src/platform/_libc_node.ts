@@ -365,8 +365,8 @@ function bindKoffi(name: string, at: Stat | false): Libc {
   };
 }
 
-const IN_NONBLOCK = O_NONBLOCK;
-const IN_CLOEXEC = O_CLOEXEC;
+const IN_NONBLOCK = O_NONBLOCK; // EFD_NONBLOCK too
+const IN_CLOEXEC = O_CLOEXEC; // EFD_CLOEXEC too
 
 function koffiInotify(lib: KoffiLib): Inotify {
   const f = (decl: string) => lib.func(decl) as unknown as Fn;
@@ -417,7 +417,7 @@ let tried = false;
 
 /**
  * libc, bound on first use; `undefined` when the FFI cannot load (then
- * {@linkcode libcFailure} says why, and `flock` cannot be had). `at` is
+ * {@linkcode noFfi} says why, and `flock` cannot be had). `at` is
  * true only on Linux x86-64 and arm64, and only once a decoded `fstatat`
  * of `/` agreed with `node:fs`'s (a libc without these calls leaves it
  * off).

@@ -1,7 +1,7 @@
 /**
  * Linux answers every platform reads the same way: where an open
- * directory's /proc/self/fd/N link points, and what `kill(pid, 0)` says
- * of a pid.
+ * directory's /proc/self/fd/N link points, what `kill(pid, 0)` says of a
+ * pid, and the process's identity in /proc.
  *
  * @module
  */
@@ -19,6 +19,29 @@ const ESRCH = 3;
  */
 export function linkedDir(target: string): string {
   return target.startsWith("/") && !target.endsWith(" (deleted)") ? target : "";
+}
+
+/**
+ * The Linux boot id and the inode of this process's PID namespace, read
+ * with the runtime's calls (`""` each where /proc cannot tell).
+ */
+export function procIdentity(
+  readText: (path: string) => string,
+  readLink: (path: string) => string,
+): { boot: string; pidns: string } {
+  let boot = "";
+  let pidns = "";
+  try {
+    boot = readText("/proc/sys/kernel/random/boot_id").trim();
+  } catch {
+    // Not Linux, or no /proc.
+  }
+  try {
+    pidns = /^pid:\[(\d+)\]$/.exec(readLink("/proc/self/ns/pid"))?.[1] ?? "";
+  } catch {
+    // Not Linux, or no /proc.
+  }
+  return { boot, pidns };
 }
 
 /**

@@ -22,7 +22,7 @@ import {
 } from "./_perm_deno.ts";
 import type { Dir, Liveness, Platform } from "./types.ts";
 import { checkPlatform } from "./_supported.ts";
-import { killLiveness, linkedDir } from "./_proc.ts";
+import { killLiveness, linkedDir, procIdentity } from "./_proc.ts";
 import { watchPath } from "./_watch_deno.ts";
 import { inotifyWatch } from "./_inotify_deno.ts";
 
@@ -97,25 +97,11 @@ export const platform: Platform = {
   },
 
   identity(): { boot: string; pidns: string } {
-    if (identityCache !== undefined) return identityCache;
-    identityCache = { boot: "", pidns: "" };
     // Deno lets a program read /proc only with all permissions; asking
     // otherwise would be refused (or prompt), so without them it is omitted.
-    if (!LINUX || !hasAllAccess()) return identityCache;
-    try {
-      identityCache.boot = Deno.readTextFileSync(
-        "/proc/sys/kernel/random/boot_id",
-      ).trim();
-    } catch {
-      // No /proc.
-    }
-    try {
-      identityCache.pidns =
-        /^pid:\[(\d+)\]$/.exec(Deno.readLinkSync("/proc/self/ns/pid"))?.[1] ??
-          "";
-    } catch {
-      // No /proc.
-    }
+    identityCache ??= LINUX && hasAllAccess()
+      ? procIdentity(Deno.readTextFileSync, Deno.readLinkSync)
+      : { boot: "", pidns: "" };
     return identityCache;
   },
 

@@ -21,7 +21,7 @@ import { fs } from "./_node.ts";
 import { ffi, OPEN_DIR } from "./_libc_node.ts";
 import { watchClose } from "./_close_node.ts";
 import { checkPlatform } from "./_supported.ts";
-import { killLiveness, linkedDir } from "./_proc.ts";
+import { killLiveness, linkedDir, procIdentity } from "./_proc.ts";
 import { AT_FDCWD, FdDir, lstatAt, openAt, pinDir } from "./_at.ts";
 import {
   fsLstat,
@@ -206,23 +206,10 @@ export const platform: Platform = {
   },
 
   identity() {
-    if (identityCache === undefined) {
-      let boot = "";
-      let pidns = "";
-      try {
-        boot = readFileSync("/proc/sys/kernel/random/boot_id", "utf8").trim();
-      } catch {
-        // Not Linux, or no /proc.
-      }
-      try {
-        pidns =
-          /^pid:\[(\d+)\]$/.exec(readlinkSync("/proc/self/ns/pid"))?.[1] ??
-            "";
-      } catch {
-        // Not Linux, or no /proc.
-      }
-      identityCache = { boot, pidns };
-    }
+    identityCache ??= procIdentity(
+      (path) => readFileSync(path, "utf8"),
+      (path) => readlinkSync(path),
+    );
     return identityCache;
   },
 
