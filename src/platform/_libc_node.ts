@@ -27,7 +27,7 @@ import {
   statIsFile as isFile,
 } from "./_stat.ts";
 import { agrees, type Libc as AtLibc } from "./_at.ts";
-import { type FileInfo, SysError } from "./types.ts";
+import { SysError } from "./types.ts";
 
 /**
  * libc for the Node and Bun platform: {@linkcode AtLibc}'s calls (all but
@@ -122,16 +122,6 @@ const STAT_VER = STAT_VERS[process.arch] ?? 0;
 const statBuf = new Uint8Array(STAT_BYTES);
 const statView = new DataView(statBuf.buffer);
 
-/** Whether the last successful `fstatat`/`fstat` found a regular file. */
-export function statIsFile(): boolean {
-  return isFile(statView, layout!);
-}
-
-/** The last successful `fstatat`/`fstat`, decoded. */
-export function statInfo(): FileInfo {
-  return decodeStat(statView, layout!);
-}
-
 const isBun = typeof (globalThis as { Bun?: unknown }).Bun !== "undefined";
 /** Which FFI this runtime uses, for messages. */
 export const ffiName = isBun ? "bun:ffi" : "koffi";
@@ -146,17 +136,12 @@ interface BunFfi {
   ptr(buf: Uint8Array): unknown;
 }
 
-/** The part of a library koffi loaded that this file uses. */
-interface KoffiLib {
-  func(decl: string): unknown;
-}
-
 type Fn = (...args: unknown[]) => number;
 
 /** What every binding has, whichever calls it binds. */
 const COMMON = {
-  statInfo,
-  statIsFile,
+  statInfo: () => decodeStat(statView, layout!),
+  statIsFile: () => isFile(statView, layout!),
   error: errnoError,
   flags: OPEN_FLAGS,
   doubtfulEagain: false,
@@ -365,10 +350,11 @@ function bindKoffi(name: string, at: Stat | false): Libc {
   };
 }
 
-const IN_NONBLOCK = O_NONBLOCK; // EFD_NONBLOCK too
-const IN_CLOEXEC = O_CLOEXEC; // EFD_CLOEXEC too
+// IN_NONBLOCK and EFD_NONBLOCK are O_NONBLOCK; *_CLOEXEC, O_CLOEXEC.
+const IN_NONBLOCK = O_NONBLOCK;
+const IN_CLOEXEC = O_CLOEXEC;
 
-function koffiInotify(lib: KoffiLib): Inotify {
+function koffiInotify(lib: { func(decl: string): unknown }): Inotify {
   const f = (decl: string) => lib.func(decl) as unknown as Fn;
   const init = f("int inotify_init1(int flags)");
   const read = f("intptr_t read(int fd, _Out_ uint8_t *buf, uintptr_t count)");
