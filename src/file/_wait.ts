@@ -28,17 +28,14 @@ export interface Sleeps {
  * An async waiter's sleeps while its watches do not see the holder's death
  * (see `Woken.watched`). Its looks only cover a missed event, and each costs
  * a wake-up (0.3 ms of CPU or more: 50 waiters polling every 5 ms burnt both
- * cores). On Deno that is only while a watch is refused: 1 s. On Node and
- * Bun without the close watch (`platform/_close_node.ts`), a look is what
- * finds a dead holder: 250 ms.
+ * cores). Where the watch sees a close, that is only while a watch is
+ * refused: 1 s. Elsewhere, without the close watch, a look is what finds a
+ * dead holder: 250 ms.
  */
-
 export const ASYNC_SLEEPS: Sleeps = {
-  max: p.runtime === "deno" ? 1000 : 250,
+  max: p.watchSeesClose ? 1000 : 250,
   growth: 4,
 };
-/** Deno's watch of the lock file reports its holder's close: no close watch. */
-export const FILE_WATCH_SEES_CLOSE = p.runtime === "deno";
 /**
  * The cap while the watches tell of the holder's end, its release and its
  * death (see `Woken.watched`). At one look a second, 50 waiters burnt

@@ -434,9 +434,9 @@ export class Paths {
     run.fd = fd;
     this.#kept++;
     run.unclose = p.watchClose(run.path, () => this.onClose(run));
-    // Deno's directory watch reports the close itself; elsewhere, without
-    // a close watch, only the re-scan finds a crash.
-    if (run.unclose === undefined && p.runtime !== "deno") this.#host.poll();
+    // Without a close watch, and a directory watch that sees the close,
+    // only the re-scan finds a crash.
+    if (run.unclose === undefined && !p.watchSeesClose) this.#host.poll();
   }
 
   /** A held run whose holder is gone: its record stays, stale. */

@@ -256,13 +256,13 @@ export class Session implements AsyncIterableIterator<Change[]> {
   }
 
   /**
-   * An event on a temp file's name. Deno's watch reports a holder's close
-   * under the name its descriptor was opened by: the acquire's temp file,
-   * unlinked since. So a temp name that is gone, of a held run's name, may
-   * be that holder's death.
+   * An event on a temp file's name. A watch that sees a close reports a
+   * holder's close under the name its descriptor was opened by: the
+   * acquire's temp file, unlinked since. So a temp name that is gone, of a
+   * held run's name, may be that holder's death.
    */
   #onTemp(d: DirWatch, name: string): void {
-    if (p.runtime !== "deno") return;
+    if (!p.watchSeesClose) return;
     const stem = stemOfTemp(name)!;
     let path = within(d.path, stem);
     if (!d.runs.has(path) && stemMayBeCut(stem)) {

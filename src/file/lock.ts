@@ -15,7 +15,6 @@ import { checkOptions } from "./_options.ts";
 import {
   acquireSteps,
   ASYNC_SLEEPS,
-  FILE_WATCH_SEES_CLOSE,
   SYNC_SLEEPS,
   type Woken,
 } from "./_wait.ts";
@@ -133,7 +132,7 @@ export async function acquire(
       if (made === "ENOENT") return "";
     }
     const watching = listener?.watching() === true;
-    woken.watched = watching && FILE_WATCH_SEES_CLOSE;
+    woken.watched = watching && p.watchSeesClose;
     if (!watching) return undefined;
     return fileKey(target.pinned, target.name) === key && listener!.key === key
       ? key
