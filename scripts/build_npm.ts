@@ -264,7 +264,7 @@ bundle("cjs", join(tscOut, "mod.js"), join(pkgDir, "cjs", "mod.cjs"));
 // re-exports (HeldError, LockLostError, ...) must be runlock's own, not a
 // second copy, or `err instanceof HeldError` fails for a program that
 // imports HeldError from "runlock" and locks through "runlock/postgres"
-// (tests/postgres_contract_test.ts checks it). So the bundle takes them
+// (tests/contract_test.ts checks it). So the bundle takes them
 // from the package's own name, left external: in a copy of the compiled
 // tree, every import of src/errors.js, whoever makes it, becomes "runlock".
 const errorsModule = join(tscOut, "src", "errors.js");
@@ -550,7 +550,9 @@ cpSync(join(root, "docs"), join(pkgDir, "docs"), { recursive: true });
 const testFiles = walk(join(root, "tests")).filter((f) => f.endsWith(".ts"));
 for (const file of testFiles) {
   const rel = relative(join(root, "tests"), file);
-  const up = rel.includes("/") ? "../" : "./";
+  // The entries sit at the top of npm/tests, above tests/file/, tests/cli/,
+  // tests/fixtures/, ...
+  const up = "../".repeat(rel.split("/").length - 1) || "./";
   const source = bareNpmSpecifiers(readFileSync(file, "utf8"), rel, [
     "fast-check",
   ])

@@ -375,20 +375,22 @@ await step("README: the npm CLI line in the scratch project", () => {
 
 // The CLI tests run the package's bin, which is the same file whichever
 // library entry the tests import: they run once per runtime, with the ESM
-// set; the CommonJS set still runs cli_module_test (require("runlock/cli")).
+// set; the CommonJS set still runs cli/module_test (require("runlock/cli")).
+// Test files are named by their path under tests/ (npm/tests/).
 const BIN_TESTS = new Set([
-  "cli_test.js",
-  "cli_errors_test.js",
-  "cli_run_kill_test.js",
-  "cli_tty_test.js",
-  "cli_watch_narrow_test.js",
-  "cli_postgres_test.js",
-  "cli_schema_test.js",
-  "cli_watch_test.js",
+  "cli/commands_test.js",
+  "cli/errors_test.js",
+  "cli/run_kill_test.js",
+  "cli/run_tty_test.js",
+  "cli/ls_watch_narrow_test.js",
+  "cli/db_test.js",
+  "cli/db_schema_test.js",
+  "cli/ls_watch_test.js",
 ]);
 const versions = (process.env.RUNLOCK_NODE_VERSIONS ?? "20,22,24").split(",");
 
-// The PostgreSQL tests (each file starts its own throwaway cluster) cost
+// The PostgreSQL tests (tests/postgres/; each file starts its own throwaway
+// cluster) cost
 // about 50 s per runtime and entry, a third of it the host-loss test's wait
 // for a cut link (root only). The CommonJS set runs only the contract test
 // (the backend's code is the same; what differs is require("runlock/
@@ -396,7 +398,6 @@ const versions = (process.env.RUNLOCK_NODE_VERSIONS ?? "20,22,24").split(",");
 // checks), and the host-loss test runs on Bun and one Node version.
 // RUNLOCK_PG_CJS=all and RUNLOCK_PG_NETNS_NODE=all run them everywhere
 // (RUNLOCK_PG_NODE: the backend's other tests, below).
-const PG_CJS_TESTS = new Set(["postgres_contract_test.js"]);
 const pgCjsAll = process.env.RUNLOCK_PG_CJS === "all";
 /** Whether runtime `rt` is among the Node versions a knob names, or Bun. */
 const knobOn = (knob: string | undefined) => {
@@ -415,29 +416,30 @@ const netnsOn = knobOn(process.env.RUNLOCK_PG_NETNS_NODE);
 // run's 1,400. RUNLOCK_PG_NODE=all runs them on every Node version.
 const pgNodeOn = knobOn(process.env.RUNLOCK_PG_NODE);
 const PG_ONE_NODE_TESTS = new Set([
-  "postgres_test.js",
-  "postgres_stress_test.js",
-  "cli_postgres_test.js",
-  "cli_schema_test.js",
-  "postgres_settings_test.js",
-  "postgres_stop_test.js",
-  "postgres_wait_test.js",
-  "postgres_reconnect_test.js",
-  "postgres_failover_test.js",
-  "postgres_secrets_test.js",
-  "postgres_pooler_sessions_test.js",
-  "postgres_poolers_test.js",
-  "postgres_identity_test.js",
-  "postgres_chaos_test.js",
-  "postgres_watch_test.js",
-  "readme_test.js",
+  "postgres/backend_test.js",
+  "postgres/stress_test.js",
+  "cli/db_test.js",
+  "cli/db_schema_test.js",
+  "postgres/settings_test.js",
+  "postgres/stop_test.js",
+  "postgres/wait_test.js",
+  "postgres/reconnect_test.js",
+  "postgres/failover_test.js",
+  "postgres/secrets_test.js",
+  "postgres/pooler_sessions_test.js",
+  "postgres/poolers_test.js",
+  "postgres/identity_test.js",
+  "postgres/chaos_test.js",
+  "postgres/watch_test.js",
+  "docs/readme_test.js",
 ]);
 // The tests that run after the suites, not beside them (see the header).
-// inject_test skips itself in the CommonJS copy (once per runtime).
+// file/injected_errors_test skips itself in the CommonJS copy (once per
+// runtime).
 const ALONE = new Set([
-  "postgres_netns_test.js",
-  "postgres_poolers_test.js",
-  "inject_test.js",
+  "postgres/host_loss_test.js",
+  "postgres/poolers_test.js",
+  "file/injected_errors_test.js",
 ]);
 // The CommonJS subset, on every Node version and on Bun (see the header):
 // each part of the CommonJS bundles that differs from the ESM ones
@@ -445,31 +447,34 @@ const ALONE = new Set([
 // __filename's URL, import("pg") from CommonJS, the cli and postgres
 // entries) is gone through by at least one of these.
 const CJS_SUBSET = new Set([
-  "acquire_test.js", // the API through require("runlock"): record, probes
-  "ffi_test.js", // koffi loaded lazily, the *at() calls
-  "close_wake_test.js", // the inotify close watcher (its own FFI binding)
-  "wait_test.js", // waiting: the watch of the lock file, the timer
-  "cli_module_test.js", // require("runlock/cli")
-  "postgres_contract_test.js", // require("runlock/postgres"), pg by import()
+  "file/acquire_test.js", // the API through require("runlock"): record, probes
+  "platform/ffi_test.js", // koffi loaded lazily, the *at() calls
+  "file/wait_close_wake_test.js", // the inotify close watcher (its own FFI binding)
+  "file/wait_test.js", // waiting: the watch of the lock file, the timer
+  "cli/module_test.js", // require("runlock/cli")
+  "contract_test.js", // require("runlock/postgres"), pg by import()
 ]);
 const cjsAll = process.env.RUNLOCK_CJS === "all";
 
 /**
  * The test files of `dir` (tests-esm, tests-cjs) for runtime `rt`: the
- * ones run beside others, or with `alone` those run after them.
+ * ones run beside others, or with `alone` those run after them. Each is
+ * filtered by its path under `dir` (file/wait_test.js); the CommonJS set
+ * leaves out tests/postgres/ (the contract test, which it runs, sits at
+ * the top of tests/).
  */
 const testFiles = (dir: string, rt: string, alone = false) =>
-  readdirSync(join(scratch, dir))
+  (readdirSync(join(scratch, dir), { recursive: true }) as string[])
     .filter((f) => f.endsWith("_test.js"))
     .filter((f) => ALONE.has(f) === alone)
     .filter((f) => !(dir.endsWith("cjs") && BIN_TESTS.has(f)))
     .filter((f) =>
-      !(dir.endsWith("cjs") && !pgCjsAll && f.startsWith("postgres") &&
-        !PG_CJS_TESTS.has(f))
+      !(dir.endsWith("cjs") && !pgCjsAll && f.startsWith("postgres/"))
     )
     .filter((f) => !(dir.endsWith("cjs") && !cjsAll && !CJS_SUBSET.has(f)))
-    .filter((f) => f !== "postgres_netns_test.js" || netnsOn(rt))
+    .filter((f) => f !== "postgres/host_loss_test.js" || netnsOn(rt))
     .filter((f) => !PG_ONE_NODE_TESTS.has(f) || pgNodeOn(rt))
+    .sort()
     .map((f) => join(dir, f));
 const systemMajor = spawnSync("node", [
   "-p",
@@ -506,8 +511,9 @@ function nodeBinary(version: string): string {
  * NODE_EXTRA_CA_CERTS. The suites make no TLS connection, and Node reads
  * that file at every start: where the machine sets it (this one sets it to
  * its system bundle, some 140 certificates), each of the thousands of Node
- * processes the suites start parsed it first, 40-50 ms of CPU (cli_test
- * and litter_test on Node 20: 44.5 CPU-s with it, 34.1 without). What
+ * processes the suites start parsed it first, 40-50 ms of CPU
+ * (cli/commands_test and file/litter_test on Node 20: 44.5 CPU-s with it,
+ * 34.1 without). What
  * reaches the registry (npx, npm) keeps it.
  */
 const suiteEnv: NodeJS.ProcessEnv = { ...process.env };
@@ -528,40 +534,40 @@ const bunArgs = (files: string[]) => [
 // Rough seconds a file takes (Node 20, alone): to split Bun's files into
 // two `bun test` processes of about equal length. Others count 2 s.
 const COST: Record<string, number> = {
-  "postgres_test.js": 33,
-  "cli_postgres_test.js": 16,
-  "cli_schema_test.js": 4,
-  "postgres_restart_test.js": 15,
-  "cli_test.js": 40,
-  "users_test.js": 12,
-  "litter_test.js": 10,
-  "limits_test.js": 8,
-  "postgres_contract_test.js": 10,
-  "postgres_stress_test.js": 7,
-  "cli_tty_test.js": 12,
-  "cli_watch_test.js": 8,
-  "watch_test.js": 8,
-  "postgres_watch_test.js": 12,
-  "property_test.js": 7,
-  "scan_test.js": 5,
-  "stress_test.js": 5,
-  "wait_test.js": 5,
-  "soak_test.js": 4,
-  "pinning_test.js": 7,
-  "postgres_settings_test.js": 15,
-  "postgres_stop_test.js": 15,
-  "postgres_wait_test.js": 15,
-  "postgres_reconnect_test.js": 16,
-  "postgres_failover_test.js": 4,
-  "postgres_secrets_test.js": 8,
-  "postgres_pooler_sessions_test.js": 4,
-  "postgres_poolers_test.js": 40,
-  "postgres_identity_test.js": 15,
-  "postgres_chaos_test.js": 15,
+  "postgres/backend_test.js": 33,
+  "cli/db_test.js": 16,
+  "cli/db_schema_test.js": 4,
+  "cli/commands_test.js": 40,
+  "file/other_users_test.js": 12,
+  "file/litter_test.js": 10,
+  "file/names_mode_memory_test.js": 8,
+  "contract_test.js": 10,
+  "postgres/stress_test.js": 7,
+  "cli/run_tty_test.js": 12,
+  "cli/ls_watch_test.js": 8,
+  "file/watch_test.js": 8,
+  "postgres/watch_test.js": 12,
+  "file/record_property_test.js": 7,
+  "file/scan_test.js": 5,
+  "file/stress_test.js": 5,
+  "file/wait_test.js": 5,
+  "file/soak_test.js": 4,
+  "file/path_pinning_test.js": 7,
+  "postgres/settings_test.js": 15,
+  "postgres/stop_test.js": 15,
+  "postgres/wait_test.js": 15,
+  "postgres/reconnect_test.js": 16,
+  "postgres/failover_test.js": 4,
+  "postgres/secrets_test.js": 8,
+  "postgres/pooler_sessions_test.js": 4,
+  "postgres/poolers_test.js": 40,
+  "postgres/identity_test.js": 15,
+  "postgres/chaos_test.js": 15,
 };
 /** `files` in two lists of about equal cost. */
 function halves(files: string[]): [string[], string[]] {
-  const cost = (f: string) => COST[f.replace(/^.*\//, "")] ?? 2;
+  // f is tests-esm/<path>: its cost is under <path>.
+  const cost = (f: string) => COST[f.replace(/^[^/]*\//, "")] ?? 2;
   const sorted = [...files].sort((a, b) => cost(b) - cost(a));
   const out: [string[], string[]] = [[], []];
   const sum = [0, 0];
@@ -702,16 +708,8 @@ if (!process.env.RUNLOCK_SKIP_BUN) {
       runBuffered(log, Deno.execPath(), [
         "test",
         "--allow-all",
-        ...[
-          "cli_test.ts",
-          "cli_errors_test.ts",
-          "cli_run_kill_test.ts",
-          "cli_tty_test.ts",
-          "cli_watch_narrow_test.ts",
-          "cli_postgres_test.ts",
-          "cli_schema_test.ts",
-          "cli_watch_test.ts",
-        ]
+        ...[...BIN_TESTS]
+          .map((f) => f.replace(/\.js$/, ".ts"))
           .map((f) => join(root, "tests", f))
           .filter((f) => existsSync(f)),
       ], {
@@ -725,8 +723,8 @@ if (!process.env.RUNLOCK_SKIP_BUN) {
       runBuffered(log, Deno.execPath(), [
         "test",
         "--allow-all",
-        join(root, "tests", "interop_test.ts"),
-        join(root, "tests", "postgres_stress_test.ts"),
+        join(root, "tests", "file", "cross_runtime_test.ts"),
+        join(root, "tests", "postgres", "file/stress_test.ts"),
       ], {
         cwd: root,
         env: {
@@ -814,13 +812,16 @@ console.log(`\nphase 2: ${jobs.length} steps, ${limit} at a time`);
 await pool(jobs, limit > 0 ? limit : 1);
 
 // Phase 3: the tests that must not run beside the suites, nor beside each
-// other (one file at a time), their output as it comes. inject_test skips
+// other (one file at a time), their output as it comes.
+// file/injected_errors_test skips
 // itself in the CommonJS copy; the host-loss test is there only with
 // RUNLOCK_PG_CJS=all.
 const aloneFiles = (rt: string) =>
   ["esm", "cjs"].flatMap((entry) =>
     testFiles(`tests-${entry}`, rt, true)
-      .filter((f) => entry === "esm" || !f.endsWith("/inject_test.js"))
+      .filter((f) =>
+        entry === "esm" || !f.endsWith("/file/injected_errors_test.js")
+      )
   );
 for (const version of versions) {
   const files = aloneFiles(version);

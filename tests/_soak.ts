@@ -1,4 +1,4 @@
-// The soak (scripts/soak.ts for the long run, tests/soak_test.ts for CI's
+// The soak (scripts/soak.ts for the long run, tests/file/soak_test.ts for CI's
 // short one): workers of one or more runtimes loop acquire/release on a few
 // locks (fixtures/soak_worker.ts) while a killer SIGKILLs holders,
 // SIGSTOPs and SIGCONTs workers, and deletes lock files by hand. Mutual

@@ -1,6 +1,6 @@
-// The stress run shared by stress_test.ts (one runtime) and interop_test.ts
-// (Deno, Node and Bun workers on one lock): workers loop acquire/release
-// while a killer SIGKILLs whoever holds the lock.
+// The stress run shared by file/stress_test.ts (one runtime) and
+// file/cross_runtime_test.ts (Deno, Node and Bun workers on one lock): workers
+// loop acquire/release while a killer SIGKILLs whoever holds the lock.
 import assert from "node:assert/strict";
 import { readdirSync, readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
