@@ -15,7 +15,8 @@
 // need a server.
 import { spawn } from "node:child_process";
 import process from "node:process";
-import { findPgBin, startCluster } from "../tests/fixtures/pg_cluster.ts";
+import { startCluster } from "../tests/fixtures/pg_cluster.ts";
+import { pgServerAvailable } from "../tests/fixtures/pg_available.ts";
 
 const dash = Deno.args.indexOf("--");
 const command = dash >= 0 ? Deno.args.slice(dash + 1) : Deno.args;
@@ -37,7 +38,7 @@ function run(argv: string[], env: Record<string, string>): Promise<number> {
   });
 }
 
-if (!process.env.RUNLOCK_TEST_PG_URL && findPgBin() === undefined) {
+if (!pgServerAvailable) {
   const banner = "!".repeat(72);
   console.error(
     `${banner}\n! No PostgreSQL binaries (initdb, pg_ctl) and no RUNLOCK_TEST_PG_URL:\n` +

@@ -66,7 +66,8 @@ import { dirname, join } from "node:path";
 import process from "node:process";
 import { commandLines, readmeBlock } from "../tests/_readme.ts";
 import { NPM_PINS } from "./_pins.ts";
-import { findPgBin, startCluster } from "../tests/fixtures/pg_cluster.ts";
+import { startCluster } from "../tests/fixtures/pg_cluster.ts";
+import { pgServerAvailable } from "../tests/fixtures/pg_available.ts";
 
 const BUN = "1.4.5";
 const PUBLINT = "0.3.25";
@@ -606,8 +607,7 @@ if (!process.env.RUNLOCK_SKIP_BUN) {
   // the binary needs no node_modules. Run from a directory without one.
   const help = spawnSync(cliBinary, ["--help"], { encoding: "utf8" }).stdout ??
     "";
-  const hasPg = Boolean(process.env.RUNLOCK_TEST_PG_URL) ||
-    findPgBin() !== undefined;
+  const hasPg = pgServerAvailable;
   if (!help.includes("--db")) {
     console.error(
       "\n*** the bun --compile binary with --db: SKIPPED (this CLI has no --db) ***",

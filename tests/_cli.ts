@@ -5,13 +5,11 @@
 // bin under Node and Bun, or the program named by RUNLOCK_CLI (the
 // `bun build --compile` binary; scripts/test_npm.ts runs the CLI tests
 // against it under Deno).
-import assert from "node:assert/strict";
 import { spawn, spawnSync } from "node:child_process";
 import { readFileSync, writeFileSync } from "node:fs";
 import { createRequire } from "node:module";
 import process from "node:process";
 import { createInterface } from "node:readline";
-import { test } from "node:test";
 import {
   cliCommand as runtimeCli,
   delay,
@@ -20,7 +18,7 @@ import {
 } from "./_helpers.ts";
 
 export { fixture };
-import { findPgBin } from "./fixtures/pg_cluster.ts";
+import { pgTestable } from "./fixtures/pg_available.ts";
 
 /** The runlock command line under test. */
 export function cliCommand(): string[] {
@@ -56,21 +54,12 @@ function cliHasPostgres(): boolean {
  * loudly on stderr, and under CI=true adds a test that fails.
  */
 export function cliPgTestable(what: string): boolean {
-  const hasServer = Boolean(process.env.RUNLOCK_TEST_PG_URL) ||
-    findPgBin() !== undefined;
-  if (!hasServer) {
-    const message =
-      `no PostgreSQL binaries (initdb, pg_ctl) and no RUNLOCK_TEST_PG_URL: ${what} is NOT tested`;
-    if (process.env.CI === "true") {
-      test(`PostgreSQL is available to the ${what} tests under CI=true`, () => {
-        assert.fail(message);
-      });
-    } else {
-      const bar = "!".repeat(message.length + 4);
-      console.error(`${bar}\n! ${message} !\n${bar}`);
-    }
-    return false;
-  }
+  const hasServer = pgTestable({
+    needs: "server",
+    untested: `${what} is NOT tested`,
+    ciTest: `PostgreSQL is available to the ${what} tests under CI=true`,
+  });
+  if (!hasServer) return false;
   if (!cliHasPostgres()) {
     console.error(
       `the npm package does not export runlock/postgres: ${what} is NOT tested with this ${cliRuntime} bin`,

@@ -13,9 +13,9 @@ import { Child, tempDir, waitFor } from "./_helpers.ts";
 import {
   advisoryWaiters,
   type Cluster,
-  findPgBin,
   startCluster,
 } from "./fixtures/pg_cluster.ts";
+import { pgServerAvailable } from "./fixtures/pg_available.ts";
 import {
   type Pooler,
   poolersAvailable,
@@ -141,8 +141,7 @@ function pgBackend(pooled = false): Backend {
   };
 }
 
-const hasPg = Boolean(process.env.RUNLOCK_TEST_PG_URL) ||
-  findPgBin() !== undefined;
+const hasPg = pgServerAvailable;
 
 const noBouncer = poolersAvailable(["pgbouncer"]);
 if (noBouncer !== undefined) {

@@ -34,14 +34,13 @@ import { Reads } from "../_cli.ts";
 import { pgLocks, pgSetupSql } from "../../src/postgres/mod.ts";
 import {
   type Cluster,
-  findPgBin,
   psql,
   psqlPath,
   startCluster,
 } from "../fixtures/pg_cluster.ts";
+import { pgServerAvailable } from "../fixtures/pg_available.ts";
 
-const hasPg = Boolean(process.env.RUNLOCK_TEST_PG_URL) ||
-  findPgBin() !== undefined;
+const hasPg = pgServerAvailable;
 
 /** PATH without any directory that holds a `deno`: a machine without Deno. */
 function pathWithoutDeno(): string {

@@ -19,7 +19,6 @@ import { Child, delay, runtime, tempDir, waitFor } from "../_helpers.ts";
 import {
   advisoryWaiters,
   type Cluster,
-  findPgBin,
   freePort,
   keyBySql,
   psql,
@@ -27,25 +26,16 @@ import {
   psqlSession,
   startCluster,
 } from "../fixtures/pg_cluster.ts";
+import { pgBinariesAvailable, pgTestable } from "../fixtures/pg_available.ts";
 import { freezableProxy } from "../fixtures/pg_proxy.ts";
 import { replayLog } from "../fixtures/pg_stress.ts";
 
-const hasServer = Boolean(process.env.RUNLOCK_TEST_PG_URL) ||
-  findPgBin() !== undefined;
-const canRestart = findPgBin() !== undefined;
-const SKIP_MESSAGE =
-  "no PostgreSQL binaries (initdb, pg_ctl) and no RUNLOCK_TEST_PG_URL: the PostgreSQL backend is NOT tested";
-
-if (!hasServer) {
-  if (process.env.CI === "true") {
-    test("PostgreSQL is available to the PostgreSQL tests under CI=true", () => {
-      assert.fail(SKIP_MESSAGE);
-    });
-  } else {
-    const bar = "!".repeat(SKIP_MESSAGE.length + 4);
-    console.error(`${bar}\n! ${SKIP_MESSAGE} !\n${bar}`);
-  }
-}
+const hasServer = pgTestable({
+  needs: "server",
+  untested: "the PostgreSQL backend is NOT tested",
+  ciTest: "PostgreSQL is available to the PostgreSQL tests under CI=true",
+});
+const canRestart = pgBinariesAvailable;
 
 let counter = 0;
 /** A lock name no other test (or earlier run) uses. */

@@ -17,13 +17,13 @@ import { describe, test } from "node:test";
 import { runtime } from "../_helpers.ts";
 import { summary } from "../fixtures/chaos_check.ts";
 import { chaos, KINDS, violationCount } from "../fixtures/chaos_run.ts";
-import { findPgBin } from "../fixtures/pg_cluster.ts";
+import { pgBinariesAvailable } from "../fixtures/pg_available.ts";
 
 const seconds = Number(process.env.RUNLOCK_CHAOS_SECONDS ?? 20);
 const scratch = process.env.RUNLOCK_INTEROP_SCRATCH;
 const skip = runtime !== "deno"
   ? "run under Deno (its workers are processes of any runtime)"
-  : findPgBin() === undefined
+  : !pgBinariesAvailable
   ? "no PostgreSQL binaries (the run crashes a server of its own)"
   : false;
 if (skip && runtime === "deno") {

@@ -18,20 +18,19 @@ import { type PgLocks, pgLocks } from "../../src/postgres/mod.ts";
 import { waitFor } from "../_helpers.ts";
 import {
   type Cluster,
-  findPgBin,
   psql,
   type Standby,
   startCluster,
   startStandby,
 } from "../fixtures/pg_cluster.ts";
+import { pgTestable } from "../fixtures/pg_available.ts";
 import { halt, type Halted } from "../fixtures/pg_halt.ts";
 
-const canStart = findPgBin() !== undefined;
-if (!canStart) {
-  console.error(
-    "postgres failover tests skipped: no PostgreSQL binaries (initdb, pg_ctl, pg_basebackup) to start a primary and a standby of their own",
-  );
-}
+const canStart = pgTestable({
+  needs: "binaries",
+  untested:
+    "the failover tests, which start a primary and a standby (pg_basebackup) of their own, are NOT run",
+});
 
 let counter = 0;
 /** A lock name no other test (or earlier run) uses. */

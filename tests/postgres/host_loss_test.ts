@@ -11,12 +11,8 @@ import process from "node:process";
 import { after, before, describe, test } from "node:test";
 import { pgLocks } from "../../src/postgres/mod.ts";
 import { Child, fixtureCommand, waitFor } from "../_helpers.ts";
-import {
-  type Cluster,
-  findPgBin,
-  psql,
-  startCluster,
-} from "../fixtures/pg_cluster.ts";
+import { type Cluster, psql, startCluster } from "../fixtures/pg_cluster.ts";
+import { pgBinariesAvailable } from "../fixtures/pg_available.ts";
 
 const tag = process.pid % 10_000;
 const ns = `rlns${tag}`;
@@ -34,7 +30,7 @@ function ip(...args: string[]): { ok: boolean; err: string } {
 
 /** Why the test cannot run here, or undefined when it can. */
 function unavailable(): string | undefined {
-  if (findPgBin() === undefined) return "no PostgreSQL binaries";
+  if (!pgBinariesAvailable) return "no PostgreSQL binaries";
   if (process.getuid?.() !== 0) return "network namespaces need root";
   const probe = ip("netns", "add", ns);
   if (!probe.ok) return `cannot create a network namespace: ${probe.err}`;

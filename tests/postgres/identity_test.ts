@@ -25,24 +25,18 @@ import { HeldError, type PgLock, pgLocks } from "../../src/postgres/mod.ts";
 import { Child, runtime, waitFor } from "../_helpers.ts";
 import {
   type Cluster,
-  findPgBin,
   keyBySql,
   psql,
   psqlSession,
   startCluster,
 } from "../fixtures/pg_cluster.ts";
+import { pgTestable } from "../fixtures/pg_available.ts";
 
-const hasServer = Boolean(process.env.RUNLOCK_TEST_PG_URL) ||
-  findPgBin() !== undefined;
-if (!hasServer) {
-  const message =
-    "no PostgreSQL binaries and no RUNLOCK_TEST_PG_URL: the PostgreSQL identity tests are NOT run";
-  if (process.env.CI === "true") {
-    test("PostgreSQL is available to the PostgreSQL tests under CI=true", () => {
-      assert.fail(message);
-    });
-  } else console.error(`!!! ${message} !!!`);
-}
+const hasServer = pgTestable({
+  needs: "server",
+  untested: "the PostgreSQL identity tests are NOT run",
+  ciTest: "PostgreSQL is available to the PostgreSQL tests under CI=true",
+});
 
 let counter = 0;
 /** A lock name no other test (or earlier run) uses. */

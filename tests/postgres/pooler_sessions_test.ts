@@ -11,18 +11,15 @@ import process from "node:process";
 import { after, before, describe, test } from "node:test";
 import { HeldError, pgLocks, PoolerError } from "../../src/postgres/mod.ts";
 import { Child } from "../_helpers.ts";
-import {
-  type Cluster,
-  findPgBin,
-  startCluster,
-} from "../fixtures/pg_cluster.ts";
+import { type Cluster, startCluster } from "../fixtures/pg_cluster.ts";
+import { pgBinariesAvailable } from "../fixtures/pg_available.ts";
 import {
   type Pooler,
   poolersAvailable,
   startPgBouncer,
 } from "../fixtures/pg_poolers.ts";
 
-const why = findPgBin() === undefined
+const why = !pgBinariesAvailable
   ? "no PostgreSQL binaries"
   : poolersAvailable(["pgbouncer"]);
 if (why !== undefined) {

@@ -19,10 +19,10 @@ import { type PgLock, pgLocks } from "../../src/postgres/mod.ts";
 import { Child, waitFor } from "../_helpers.ts";
 import {
   type Cluster,
-  findPgBin,
   psqlSession,
   startCluster,
 } from "../fixtures/pg_cluster.ts";
+import { pgTestable } from "../fixtures/pg_available.ts";
 import {
   type Connection,
   type CountingProxy,
@@ -30,12 +30,11 @@ import {
 } from "../fixtures/pg_count_proxy.ts";
 import { halt } from "../fixtures/pg_halt.ts";
 
-const canStart = findPgBin() !== undefined;
-if (!canStart) {
-  console.error(
-    "postgres reconnect tests skipped: no PostgreSQL binaries (initdb, pg_ctl) to start a cluster of their own",
-  );
-}
+const canStart = pgTestable({
+  needs: "binaries",
+  untested:
+    "the reconnect tests, which start a cluster of their own, are NOT run",
+});
 
 /** The server's connection slots: few, so that a test can fill them. */
 const MAX_CONNECTIONS = 12;

@@ -19,29 +19,20 @@ import { pgLocks, RunlockError } from "../../src/postgres/mod.ts";
 import { cli, cliCommand, cliPgTestable, type Result } from "../_cli.ts";
 import {
   type Cluster,
-  findPgBin,
   freePort,
   psql,
   psqlSession,
   startCluster,
 } from "../fixtures/pg_cluster.ts";
+import { pgBinariesAvailable, pgTestable } from "../fixtures/pg_available.ts";
 
-const hasServer = Boolean(process.env.RUNLOCK_TEST_PG_URL) ||
-  findPgBin() !== undefined;
-const SKIP_MESSAGE =
-  "no PostgreSQL binaries (initdb, pg_ctl) and no RUNLOCK_TEST_PG_URL: the PostgreSQL backend's secrets are NOT tested";
-if (!hasServer) {
-  if (process.env.CI === "true") {
-    test("PostgreSQL is available to the secrets tests under CI=true", () => {
-      assert.fail(SKIP_MESSAGE);
-    });
-  } else {
-    const bar = "!".repeat(SKIP_MESSAGE.length + 4);
-    console.error(`${bar}\n! ${SKIP_MESSAGE} !\n${bar}`);
-  }
-}
+const hasServer = pgTestable({
+  needs: "server",
+  untested: "the PostgreSQL backend's secrets are NOT tested",
+  ciTest: "PostgreSQL is available to the secrets tests under CI=true",
+});
 const cliTestable = hasServer && cliPgTestable("the CLI's --db secrets");
-const ownClusters = findPgBin() !== undefined;
+const ownClusters = pgBinariesAvailable;
 const hasOpenssl = spawnSync("openssl", ["version"]).status === 0;
 
 /**

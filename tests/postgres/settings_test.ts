@@ -19,21 +19,17 @@ import {
 } from "../../src/postgres/mod.ts";
 import { Child, waitFor } from "../_helpers.ts";
 import { cli } from "../_cli.ts";
-import { type Cluster, findPgBin, psql } from "../fixtures/pg_cluster.ts";
-import { startCluster } from "../fixtures/pg_cluster.ts";
+import { type Cluster, psql, startCluster } from "../fixtures/pg_cluster.ts";
+import { pgTestable } from "../fixtures/pg_available.ts";
 
 // This file restarts and crashes its server: it needs the binaries, even
 // when RUNLOCK_TEST_PG_URL names a server.
-const canRun = findPgBin() !== undefined;
-if (!canRun) {
-  const message =
-    "no PostgreSQL binaries (initdb, pg_ctl): the backend on non-default server settings is NOT tested";
-  if (process.env.CI === "true") {
-    test("PostgreSQL binaries are available to the settings tests under CI=true", () => {
-      assert.fail(message);
-    });
-  } else console.error(`!!! ${message} !!!`);
-}
+const canRun = pgTestable({
+  needs: "binaries",
+  untested: "the backend on non-default server settings is NOT tested",
+  ciTest:
+    "PostgreSQL binaries are available to the settings tests under CI=true",
+});
 
 let counter = 0;
 /** A lock name no other test (or earlier run) uses. */

@@ -23,27 +23,18 @@ import { cliCommand, cliRuntime, Terminal } from "../_cli.ts";
 import { Child, delay, type Event, waitFor } from "../_helpers.ts";
 import {
   type Cluster,
-  findPgBin,
   keyBySql,
   psql,
   startCluster,
 } from "../fixtures/pg_cluster.ts";
+import { pgTestable } from "../fixtures/pg_available.ts";
 import { freezableProxy } from "../fixtures/pg_proxy.ts";
 
-const hasServer = Boolean(process.env.RUNLOCK_TEST_PG_URL) ||
-  findPgBin() !== undefined;
-const SKIP_MESSAGE =
-  "no PostgreSQL binaries (initdb, pg_ctl) and no RUNLOCK_TEST_PG_URL: a stopped PostgreSQL waiter is NOT tested";
-if (!hasServer) {
-  if (process.env.CI === "true") {
-    test("PostgreSQL is available to the stop tests under CI=true", () => {
-      assert.fail(SKIP_MESSAGE);
-    });
-  } else {
-    const bar = "!".repeat(SKIP_MESSAGE.length + 4);
-    console.error(`${bar}\n! ${SKIP_MESSAGE} !\n${bar}`);
-  }
-}
+const hasServer = pgTestable({
+  needs: "server",
+  untested: "a stopped PostgreSQL waiter is NOT tested",
+  ciTest: "PostgreSQL is available to the stop tests under CI=true",
+});
 
 /** Whether the CLI under test has --db (see tests/cli/db_test.ts). */
 function cliHasPostgres(): boolean {

@@ -10,24 +10,18 @@ import { join } from "node:path";
 import process from "node:process";
 import { after, before, describe, test } from "node:test";
 import { fixtureCommand, runtime } from "../_helpers.ts";
-import {
-  type Cluster,
-  findPgBin,
-  startCluster,
-} from "../fixtures/pg_cluster.ts";
+import { type Cluster, startCluster } from "../fixtures/pg_cluster.ts";
+import { pgTestable } from "../fixtures/pg_available.ts";
 import { pgStress } from "../fixtures/pg_stress.ts";
 
 const SECONDS = Number(process.env.RUNLOCK_STRESS_SECONDS ?? 4);
 const WORKERS = Number(process.env.RUNLOCK_STRESS_WORKERS ?? 4);
-const hasServer = Boolean(process.env.RUNLOCK_TEST_PG_URL) ||
-  findPgBin() !== undefined;
+const hasServer = pgTestable({
+  needs: "server",
+  untested: "postgres stress is NOT run",
+});
 const scratch = process.env.RUNLOCK_INTEROP_SCRATCH;
 const isDeno = "Deno" in globalThis;
-if (!hasServer) {
-  console.error(
-    "postgres stress skipped: no PostgreSQL binaries and no RUNLOCK_TEST_PG_URL",
-  );
-}
 
 /** The command that runs the stress worker under `rt`. */
 function workerCommand(rt: "deno" | "node" | "bun"): string[] {

@@ -15,19 +15,17 @@ import { RunlockError } from "../../src/postgres/mod.ts";
 import { Child, type Event, waitFor } from "../_helpers.ts";
 import {
   type Cluster,
-  findPgBin,
   freePort,
   psql,
   startCluster,
 } from "../fixtures/pg_cluster.ts";
+import { pgTestable } from "../fixtures/pg_available.ts";
 import { holdingProxy } from "../fixtures/pg_wait_proxy.ts";
 
-const canStart = findPgBin() !== undefined;
-if (!canStart) {
-  console.error(
-    "postgres wait tests skipped: no PostgreSQL binaries (initdb, pg_ctl) to start a cluster of their own",
-  );
-}
+const canStart = pgTestable({
+  needs: "binaries",
+  untested: "the wait tests, which restart a cluster of their own, are NOT run",
+});
 
 /** How long one wait statement may block (src/postgres: WAIT_SLICE_MS). */
 const WAIT_SLICE_MS = 5_000;

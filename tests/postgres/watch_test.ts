@@ -16,25 +16,19 @@ import {
 import { Child, waitFor } from "../_helpers.ts";
 import {
   type Cluster,
-  findPgBin,
   freePort,
   keyBySql,
   psql,
   psqlSession,
   startCluster,
 } from "../fixtures/pg_cluster.ts";
+import { pgBinariesAvailable, pgTestable } from "../fixtures/pg_available.ts";
 
-const hasServer = Boolean(process.env.RUNLOCK_TEST_PG_URL) ||
-  findPgBin() !== undefined;
-const SKIP_MESSAGE =
-  "no PostgreSQL binaries (initdb, pg_ctl) and no RUNLOCK_TEST_PG_URL: PgLocks.scan/watch are NOT tested";
-if (!hasServer) {
-  if (process.env.CI === "true") {
-    test("PostgreSQL is available to the watch tests under CI=true", () => {
-      assert.fail(SKIP_MESSAGE);
-    });
-  } else console.error(`!!! ${SKIP_MESSAGE} !!!`);
-}
+const hasServer = pgTestable({
+  needs: "server",
+  untested: "PgLocks.scan/watch are NOT tested",
+  ciTest: "PostgreSQL is available to the watch tests under CI=true",
+});
 
 let counter = 0;
 /** A name prefix no other test (or earlier run) uses. */
@@ -795,7 +789,7 @@ describe("PgLocks.scan and PgLocks.watch", { skip: !hasServer }, () => {
 
   test(
     "watch() keeps polling when reconnecting is refused at the role's connection limit (53300, as when every client reconnects after a restart), and reports what changed once it connects",
-    { skip: findPgBin() === undefined },
+    { skip: !pgBinariesAvailable },
     async () => {
       // Reads the server's log (the suite's server is one of ours too,
       // the log beside its data directory).
@@ -874,7 +868,7 @@ describe("PgLocks.scan and PgLocks.watch", { skip: !hasServer }, () => {
   test(
     "watch() keeps going through a server restart: the holder crashed, then its successor taken over, seen on a new session; on a hot standby scan() and watch() refuse, each naming itself",
     {
-      skip: findPgBin() === undefined,
+      skip: !pgBinariesAvailable,
     },
     async () => {
       // This file's own cluster may be restarted (its other tests are done);
