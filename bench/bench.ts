@@ -21,9 +21,9 @@
 // idle watch of 1,000 runs: bench/bench_watch.ts), start-up and CLI, system
 // calls (strace, when installed), PostgreSQL.
 // Output: a table on stdout, bench/results.json, bench/chart.svg (drawn by
-// bench/bench_chart.ts from the JSON). The goals of issues 17 and 19 (and
-// those of earlier issues that still hold) are checked here (bench/bench_goals.ts),
-// as PASS/MISS lines with the measured ratio, never in tests.
+// bench/bench_chart.ts from the JSON). The goals (bench/bench_goals.ts, and
+// the PostgreSQL section's) are checked here, as PASS/MISS lines with the
+// measured ratio, never in tests.
 //
 // Knobs: RUNLOCK_BENCH_ROUNDS (15), RUNLOCK_BENCH_QUICK=1 (a short run for
 // development), RUNLOCK_BENCH_SECTIONS (comma list of micro, handoff,
@@ -331,7 +331,7 @@ async function micro(): Promise<void> {
     }
   } else {
     note(
-      "scan() is not exported by mod.ts yet (issue 10): the scan rows are skipped",
+      "scan() is not exported by this snapshot's mod.ts: the scan rows are skipped",
     );
   }
   const measures: Measure[] = [];
@@ -552,7 +552,7 @@ async function micro(): Promise<void> {
       "c:probe_held",
       ...each(["bareProbe", "bareSafeProbe", "heldHeld"]),
     ],
-    "ratio against the probe floor with read (issue 12's definition); the floor without read is shown too. × Deno.*: against the safe bare sequence (Deno.open has no O_NOFOLLOW, no O_NONBLOCK)",
+    "ratio against the probe floor with read (a probe reads the record); the floor without read is shown too. × Deno.*: against the safe bare sequence (Deno.open has no O_NOFOLLOW, no O_NONBLOCK)",
   );
   group(
     "inspect",
@@ -1116,10 +1116,12 @@ try {
 }
 
 // ---------------------------------------------------------------------------
-// Goals (issue 17, then earlier issues'), checked on this run's figures
+// Goals, checked on this run's figures
 
 const goals: Goal[] = checkGoals({ groups, syscalls, scale, watched });
-goals.push(...(postgres?.goals ?? []).map((g) => ({ ...g, issue: 9 })));
+goals.push(
+  ...(postgres?.goals ?? []).map((g) => ({ ...g, part: "postgres" as const })),
+);
 
 // ---------------------------------------------------------------------------
 // Output
@@ -1302,11 +1304,11 @@ if (watched) {
 }
 for (
   const [title, which] of [
-    ["goals (issue 17)", (g: Goal) => g.issue === 17],
-    ["goals of watch() (issue 19)", (g: Goal) => g.issue === 19],
+    ["goals of the file locks", (g: Goal) => g.part === "locks"],
+    ["goals of watch()", (g: Goal) => g.part === "watch"],
     [
-      "goals of earlier issues, still checked",
-      (g: Goal) => g.issue !== 17 && g.issue !== 19,
+      "other goals",
+      (g: Goal) => g.part !== "locks" && g.part !== "watch",
     ],
   ] as const
 ) {
@@ -1317,7 +1319,7 @@ for (
       `${verdict}  ${g.goal}: ${
         g.value === undefined ? "not measured" : `${fmt(g.value)} ${g.unit}`
       } (${g.detail})${
-        g.issue === 17 || g.issue === 19 ? "" : ` [issue ${g.issue}]`
+        g.part === "locks" || g.part === "watch" ? "" : ` [${g.part}]`
       }`,
     );
   }

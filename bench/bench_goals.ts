@@ -1,6 +1,6 @@
 // The goals of `deno task bench`, checked on one run's figures, as ratios
-// against baselines of the same run (never as timed tests). Issue 17's list
-// first; then the goals of earlier issues that still hold. Every goal's
+// against baselines of the same run (never as timed tests). The file locks'
+// goals first, then watch()'s, then the others. Every goal's
 // detail carries the figures that explain a miss: the two sides' times, the
 // bare runtime's own ratio, the system calls counted by the audit.
 import type { ScaleSection } from "./bench_scale.ts";
@@ -14,8 +14,11 @@ export interface Goal {
   unit: string;
   pass?: boolean;
   detail: string;
-  /** Which issue set the goal. */
-  issue: number;
+  /**
+   * What the goal is about: the file locks (speed, scale), watch(), scan(),
+   * start-up, or the PostgreSQL backend.
+   */
+  part: "locks" | "watch" | "scan" | "startup" | "postgres";
 }
 
 interface GoalRow {
@@ -60,7 +63,7 @@ export function fmt(x: number | undefined, digits = 2): string {
 
 const WHO: Record<string, string> = { deno: "Deno", node: "Node", bun: "Bun" };
 
-/** Issue 17's goals, then the earlier issues' that still apply. */
+/** The goals of the file locks, watch(), scan() and start-up. */
 export function checkGoals(input: GoalInput): Goal[] {
   const goals: Goal[] = [];
   const find = (gid: string, id: string) =>
@@ -91,7 +94,7 @@ export function checkGoals(input: GoalInput): Goal[] {
     limit: number,
     against: "ratio" | "vsBare" = "ratio",
     context = "",
-    issue = 17,
+    part: Goal["part"] = "locks",
   ) => {
     const row = find(gid, id);
     const value = row?.[against];
@@ -106,7 +109,7 @@ export function checkGoals(input: GoalInput): Goal[] {
           against === "ratio" ? "C floor" : "bare Deno.*"
         }${context}`
         : "not measured",
-      issue,
+      part,
     });
   };
 
@@ -252,7 +255,7 @@ export function checkGoals(input: GoalInput): Goal[] {
       detail: pl && ours
         ? `${pl.best.toFixed(1)} µs vs ${ours.best.toFixed(1)} µs`
         : "not measured",
-      issue: 17,
+      part: "locks",
     });
   }
 
@@ -285,7 +288,7 @@ export function checkGoals(input: GoalInput): Goal[] {
         detail: `median of ${(row.extra!.samples as number[]).length}, worst ${
           fmt(row.extra!.max as number)
         } ms${kind === "kill" ? killFloor(rt, row.median) : ""}`,
-        issue: 17,
+        part: "locks",
       });
     }
     // The holder's teardown (the kernel closes a dying process's files
@@ -310,12 +313,12 @@ export function checkGoals(input: GoalInput): Goal[] {
         } ms (medians); each kill's difference ${
           above.map((x) => fmt(x)).join(", ")
         } ms`,
-        issue: 17,
+        part: "locks",
       });
     }
   }
 
-  // issue 19: watch()
+  // watch()
   for (const w of input.watched ?? []) {
     const who = WHO[w.runtime] ?? w.runtime;
     if (w.runtime !== "deno") {
@@ -333,7 +336,7 @@ export function checkGoals(input: GoalInput): Goal[] {
             }, best ${fmt(w.floor.best)} ms (samples interleaved)`
             : "no C floor"
         }`,
-        issue: 19,
+        part: "watch",
       });
     }
     // "None measurable": within 0.1 ms of CPU per second of the same
@@ -362,11 +365,11 @@ export function checkGoals(input: GoalInput): Goal[] {
           } ms: ${fmt(long.addedMsPerS)} ms/s added`
           : ""
       }`,
-      issue: 19,
+      part: "watch",
     });
   }
 
-  // earlier issues
+  // npm lockfile, start-up, scan()
   {
     const lf = find("acquire", "node:lockfileSync");
     const sync = find("acquire", "node:acquireSync");
@@ -389,7 +392,7 @@ export function checkGoals(input: GoalInput): Goal[] {
           )
         }`
         : "not measured",
-      issue: 12,
+      part: "locks",
     });
   }
   for (const [rt, limit] of [["node", 10], ["deno", 5]] as const) {
@@ -405,7 +408,7 @@ export function checkGoals(input: GoalInput): Goal[] {
       detail: `best ${row.best.toFixed(1)} ms vs empty ${
         (row.best - added).toFixed(1)
       } ms`,
-      issue: 12,
+      part: "startup",
     });
   }
   for (const rt of ["deno", "node"]) {
@@ -417,7 +420,7 @@ export function checkGoals(input: GoalInput): Goal[] {
       3,
       "ratio",
       "",
-      10,
+      "scan",
     );
   }
   return goals;
@@ -427,8 +430,8 @@ function scaleGoals(s: ScaleSection | undefined, goals: Goal[]): void {
   if (!s) return;
   const z = s.sizes;
   const quick = z.files < 100_000 ? " (quick sizes)" : "";
-  const push = (g: Omit<Goal, "pass" | "issue">, pass: boolean) =>
-    goals.push({ ...g, pass, issue: 17 });
+  const push = (g: Omit<Goal, "pass" | "part">, pass: boolean) =>
+    goals.push({ ...g, pass, part: "locks" });
   for (const [rt, v] of Object.entries(s.newName)) {
     push({
       goal: `a new name in a directory of ${

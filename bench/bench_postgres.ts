@@ -1,4 +1,4 @@
-// The PostgreSQL section of `deno task bench` (issue 9), kept apart from the
+// The PostgreSQL section of `deno task bench`, kept apart from the
 // file-lock sections. It runs only once the backend exists in the snapshot
 // being measured (src/postgres/mod.ts) and a server can be had
 // (RUNLOCK_TEST_PG_URL, or PostgreSQL binaries for a throwaway cluster);
@@ -9,8 +9,8 @@
 // never loads a database client): warm acquire+release against the same
 // SQL sent by hand over one connection, hand-off after a release and after
 // the holder's SIGKILL, and connect cost. Its method is its own (medians of
-// rounds, not best of interleaved rounds); the JSON says so. Issue 9's goals
-// are checked on its figures.
+// rounds, not best of interleaved rounds); the JSON says so. The backend's
+// goals are checked on its figures.
 import { spawnSync } from "node:child_process";
 import { existsSync, readdirSync } from "node:fs";
 import { join } from "node:path";
@@ -73,7 +73,7 @@ export function postgresSection(ctx: PostgresContext): PostgresSection {
     return { skipped };
   };
   if (!existsSync(join(ctx.snapshot, "src", "postgres", "mod.ts"))) {
-    return skip("src/postgres/mod.ts does not exist (issue 9)");
+    return skip("this snapshot has no src/postgres/mod.ts");
   }
   const script = join(ctx.snapshot, "tests", "fixtures", "pg_measure.ts");
   if (!existsSync(script)) {

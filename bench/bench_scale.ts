@@ -1,4 +1,4 @@
-// The scale section of `deno task bench` (issue 17): costs that appear only
+// The scale section of `deno task bench`: costs that appear only
 // with many files, many locks, many waiters or many cycles, each measured
 // against a baseline of the same run, in processes of its own
 // (bench_scale_worker.ts, bench_rss_worker.ts):

@@ -1,4 +1,4 @@
-// The cost of watch() (issue 19): how soon a SIGKILLed holder's `crashed`
+// The cost of watch(): how soon a SIGKILLed holder's `crashed`
 // change comes, beside the physical floor of that (a C process waiting in
 // flock(LOCK_EX) on the holder's file: the kernel's teardown of the dying
 // holder, then its wake-up), measured in interleaved samples; and the CPU

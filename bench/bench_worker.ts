@@ -208,7 +208,7 @@ function cases(paths: Paths): Record<string, Case> {
  * The floor that Deno's own op overhead allows: the protocol's system calls
  * made bare through `Deno.*`, with no checks, no errors mapped, no record
  * parsed, plus the realpath that pinning the directory needs on Deno (it has
- * no directory descriptors to pin: issue 17 counts it in the baseline).
+ * no directory descriptors to pin: the baseline counts it).
  * (Deno.removeSync adds an lstat before each unlink.)
  */
 function bareAcquire(dir: string): Case {
@@ -265,7 +265,7 @@ function bareProbe(held: string): Case {
 /**
  * The safe probe bare through Deno.*: lstat (refuse a symlink or a FIFO,
  * since Deno.open has neither O_NOFOLLOW nor O_NONBLOCK), open, fstat (the
- * same inode as the lstat?), flock, read, kill(pid, 0), close. Issue 17's
+ * same inode as the lstat?), flock, read, kill(pid, 0), close. The
  * baseline for Deno's held(). The kill is the protocol's (PROTOCOL.md,
  * Probes): a dead PID under a held flock is a takeover in progress, which
  * held() must not report as a live holder, so held() asks it of every held

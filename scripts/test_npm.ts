@@ -413,8 +413,9 @@ const netnsOn = knobOn(process.env.RUNLOCK_PG_NETNS_NODE);
 // a project. They run on Bun and the same one Node version: the backend's
 // code and its client are the same on every Node, and so are the docs (the
 // README's Node example runs on every version, below). On a machine of 2
-// cores, running them on each Node version was some 90 CPU-seconds of a CI
-// run's 1,400. RUNLOCK_PG_NODE=all runs them on every Node version.
+// cores, running them on each Node version costs some 90 CPU-seconds of the
+// 1,400 that all of CI takes. RUNLOCK_PG_NODE=all runs them on every Node
+// version.
 const pgNodeOn = knobOn(process.env.RUNLOCK_PG_NODE);
 const PG_ONE_NODE_TESTS = new Set([
   "postgres/backend_test.js",

@@ -74,8 +74,8 @@ const [cmd, ...pre] = cliCommand();
 // The directory the CLI runs in, not the test process's: under `deno test
 // --parallel` every test file shares one process, and a test that chdirs into a
 // temporary directory (file/path_pinning_test, file/bad_files_test) can leave a
-// CLI spawned meanwhile in a directory removed under it ("Failed getting cwd",
-// CI run 58). Node and Bun run each test file in its own process.
+// CLI spawned meanwhile in a directory removed under it ("Failed getting
+// cwd"). Node and Bun run each test file in its own process.
 const cliCwd = runtime === "deno"
   ? new URL("..", import.meta.url).pathname
   : undefined;

@@ -1405,13 +1405,13 @@ describe("runlock run: a replacement that lands while run looks at its lock", ()
     { skip: hasStrace ? false : "needs strace(1)" },
     async () => {
       // A descriptor-pinned lock (Node, Bun) reads its file twice when it
-      // checks: through the pinned directory and by the path as named. A
-      // rename landing between the two reads used to say "moved away from
-      // its path" (seen under load). strace delays each read of the path as
-      // named (-P: that path only, whatever its position among the calls)
+      // checks: through the pinned directory and by the path as named. A rename
+      // landing between the two reads must not read as "moved away from its
+      // path" (it can happen under load). strace delays each read of the path
+      // as named (-P: that path only, whatever its position among the calls)
       // until the test has renamed: the order of the two reads decides the
-      // message. (Deno pins by the canonical path, this same path: its one
-      // read is the one held.)
+      // message. (Deno pins by the canonical path, this same path: its one read
+      // is the one held.)
       const { dir, cleanup } = tempDir();
       const real = realpathSync(dir);
       const path = join(real, "run.lock");

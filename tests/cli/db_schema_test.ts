@@ -1,4 +1,4 @@
-// The PostgreSQL CLI and its setup agree (issue 39, point 3): the schema
+// The PostgreSQL CLI and its setup agree: the schema
 // that `runlock db-setup --schema=S` prepares is the one run, status, wait
 // and ls use with --schema=S or RUNLOCK_DATABASE_SCHEMA; and a role that
 // may not create runlock's table is told, in plain lines, the SQL to run

@@ -1,4 +1,4 @@
-// `runlock ls --watch` on a narrow or short terminal (issue 39, point 6):
+// `runlock ls --watch` on a narrow or short terminal:
 // a real pseudo-terminal (tests/fixtures/pty_run.py) of a given size, set
 // by stty before runlock starts and then by TIOCSWINSZ (Terminal.resize),
 // as a window resize does. Lines fit the width in terminal columns (a CJK

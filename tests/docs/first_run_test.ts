@@ -1,9 +1,9 @@
 // A newcomer's first run, as the README's "Try it" says: in a fresh copy of
 // the repository, with a fresh DENO_DIR (nothing cached), the demo line
 // and the start of `deno task test` print no warning. Deno's task runner
-// sets up the config's npm packages before any task, and used to print a
-// yellow box there about koffi's install script (koffi is for Node; Deno
-// never loads it): deno.json's `allowScripts.deny` says that on purpose.
+// sets up the config's npm packages before any task, and without
+// deno.json's `allowScripts.deny` prints a yellow box there about koffi's
+// install script (koffi is for Node; Deno never loads it).
 // Nothing may be downloaded for the demo either: `deno task` sets up every
 // npm package of the config and the lockfile before any task, which is why
 // the demo line is a `deno run` (and why deno.json has no import map: the

@@ -1,12 +1,12 @@
-// A lock another user holds is held, not "permission denied" (issue 39, point
-// 2). A user who may not write the lock's directory, or who meets the lock on a
-// read-only mount, cannot take the lock even when it is free; but while a live
-// run holds it, the answer is that run (HeldError, `runlock run`'s exit 75),
-// not a permission to fix. As in file/other_users_test: the suite runs as root,
-// and these tests run the runtime under test as unprivileged identities (uids
-// 65533 and 65534, through `setpriv`), as real processes. Skipped, with a
-// message, where the suite is not root, setpriv is missing, or the runtime
-// cannot start as another user.
+// A lock another user holds is held, not "permission denied". A user who may
+// not write the lock's directory, or who meets the lock on a read-only mount,
+// cannot take the lock even when it is free; but while a live run holds it, the
+// answer is that run (HeldError, `runlock run`'s exit 75), not a permission to
+// fix. As in file/other_users_test: the suite runs as root, and these tests run
+// the runtime under test as unprivileged identities (uids 65533 and 65534,
+// through `setpriv`), as real processes. Skipped, with a message, where the
+// suite is not root, setpriv is missing, or the runtime cannot start as another
+// user.
 import assert from "node:assert/strict";
 import { spawn, spawnSync } from "node:child_process";
 import { chmodSync, chownSync, mkdirSync, readdirSync } from "node:fs";

@@ -400,7 +400,7 @@ describe("waiting", () => {
       // 5000, 5000, 2000. Growing fourfold from 1 ms to 5 s made 9 sleeps.
       // The second sleep is what is left to the deadline: 7 s less the
       // attempt's and the first look's time, which a busy machine makes
-      // longer (6,897 ms in a CI run). It is due at the deadline (which
+      // longer (as much as 6,897 ms). It is due at the deadline (which
       // acquire takes a little after `before`), not at the look 2 s
       // before it.
       assert.equal(sleeps[0], 5_000, `${sleeps}`);

@@ -1,5 +1,5 @@
 // Which lock a name means, and which locks are this process's own, on the
-// PostgreSQL backend (issue 16, cases 3 and 4), against a real server:
+// PostgreSQL backend, against a real server:
 //
 // - Each schema is its own namespace of names: `sync/main` in schema
 //   `staging` and `sync/main` in schema `prod` are two locks, with two

@@ -1,10 +1,10 @@
 // The PostgreSQL backend on servers, roles and databases with ordinary,
-// non-default settings (issue 16, cases 1, 2, 9 and 10): every role here is
-// configured with ALTER ROLE ... SET or ALTER DATABASE ... SET, as a DBA
-// would, and runlock must keep its promises on each: at most one holder, a
-// fence that grows across crashes, dates that are Dates, and errors that
-// say what to do. One throwaway cluster of this file's own (it restarts it,
-// crashes it and turns it into a standby); its tests run one after another.
+// non-default settings: every role here is configured with ALTER ROLE ... SET
+// or ALTER DATABASE ... SET, as a DBA would, and runlock must keep its promises
+// on each: at most one holder, a fence that grows across crashes, dates that
+// are Dates, and errors that say what to do. One throwaway cluster of this
+// file's own (it restarts it, crashes it and turns it into a standby); its
+// tests run one after another.
 import assert from "node:assert/strict";
 import process from "node:process";
 import { after, before, describe, test } from "node:test";

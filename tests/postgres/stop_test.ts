@@ -1,5 +1,5 @@
 // A stopped process (SIGSTOP, or Ctrl-Z: SIGTSTP) on the PostgreSQL
-// backend (issue 16, case 5): a waiter stopped in the server's queue is
+// backend: a waiter stopped in the server's queue is
 // granted the lock while it is stopped, and when it runs again it must hold
 // the lock, not call its session dead because a deadline timer fired while
 // it was not running. A session whose server truly stopped answering (a

@@ -1,4 +1,4 @@
-// Waiting for a PostgreSQL lock (issue 16, cases 6 to 8): an abort settles
+// Waiting for a PostgreSQL lock: an abort settles
 // the acquire at once wherever it lands, a waiter with time left rides out
 // a server restart, and waiters are served in the order they started
 // waiting even though each waits in slices of a few seconds. Against a
@@ -171,7 +171,7 @@ describe("postgres waiting", { skip: !canStart }, () => {
     }
   }
 
-  test("an abort fired while the try statement is on its way settles the acquire with the signal's reason before a wait slice could end, and leaves no session waiting (case 6)", async () => {
+  test("an abort fired while the try statement is on its way settles the acquire with the signal's reason before a wait slice could end, and leaves no session waiting", async () => {
     const ms = await abortWhileHeld("pg_try_advisory_lock", false);
     console.log(
       `abort during the try statement: settled ${
@@ -180,7 +180,7 @@ describe("postgres waiting", { skip: !canStart }, () => {
     );
   });
 
-  test("an abort whose cancel reaches the server before the wait statement does settles the acquire before the wait slice ends (the server ignored that cancel) (case 6)", async () => {
+  test("an abort whose cancel reaches the server before the wait statement does settles the acquire before the wait slice ends (the server ignored that cancel)", async () => {
     const ms = await abortWhileHeld("set_config('lock_timeout'", true);
     console.log(
       `abort before the wait statement: settled ${
@@ -189,7 +189,7 @@ describe("postgres waiting", { skip: !canStart }, () => {
     );
   });
 
-  test("a waiter with time left rides out a server restart, fast and immediate: it reconnects, keeps waiting and takes the lock with a higher fence, while the holder loses its lock as before (case 7)", async () => {
+  test("a waiter with time left rides out a server restart, fast and immediate: it reconnects, keeps waiting and takes the lock with a higher fence, while the holder loses its lock", async () => {
     const name = unique("restart");
     const holder = child("hold", url, name);
     const waiters: Child[] = [];
@@ -246,7 +246,7 @@ describe("postgres waiting", { skip: !canStart }, () => {
     console.log(`refused after ${Math.round(performance.now() - started)} ms`);
   });
 
-  test("waiters take the lock in the order they started waiting, also after the first one's wait slice ran out and it waited again (case 8)", async () => {
+  test("waiters take the lock in the order they started waiting, also after the first one's wait slice ran out and it waited again", async () => {
     const name = unique("fifo");
     const holder = child("hold", url, name);
     const apps = [appName("w0"), appName("w1"), appName("w2")];

@@ -1,4 +1,4 @@
-// PgLocks.scan() and PgLocks.watch() (issue 19): every lock name at once,
+// PgLocks.scan() and PgLocks.watch(): every lock name at once,
 // and their changes by polling, against a real server (the suite's, from
 // RUNLOCK_TEST_PG_URL, or one this file starts) with real holder processes,
 // SIGKILL and pg_terminate_backend. Without PostgreSQL the tests skip
