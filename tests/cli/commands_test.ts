@@ -1282,7 +1282,7 @@ describe("runlock ls", () => {
     }
   });
 
-  test("an empty directory lists nothing, saying so on stderr; a missing one is an error, exit 2 (tests/cli/errors_test.ts); a file is an error, exit 2", () => {
+  test("an empty directory lists nothing, saying so on stderr; a missing one is an error, exit 2; a file is an error, exit 2", () => {
     const { dir, cleanup } = tempDir();
     try {
       assert.deepEqual(cli("ls", dir), {
