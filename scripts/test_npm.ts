@@ -400,6 +400,9 @@ const versions = (process.env.RUNLOCK_NODE_VERSIONS ?? "20,22,24").split(",");
 // RUNLOCK_PG_CJS=all and RUNLOCK_PG_NETNS_NODE=all run them everywhere
 // (RUNLOCK_PG_NODE: the backend's other tests, below).
 const pgCjsAll = process.env.RUNLOCK_PG_CJS === "all";
+// The chaos run's checker reads logs written by hand: it needs no server,
+// so it is not one of the PostgreSQL tests that the CommonJS set leaves out.
+const PG_NO_SERVER = new Set(["postgres/chaos_check_test.js"]);
 /** Whether runtime `rt` is among the Node versions a knob names, or Bun. */
 const knobOn = (knob: string | undefined) => {
   const named = (knob ?? versions.at(-1)!).split(",");
@@ -462,8 +465,8 @@ const cjsAll = process.env.RUNLOCK_CJS === "all";
  * The test files of `dir` (tests-esm, tests-cjs) for runtime `rt`: the
  * ones run beside others, or with `alone` those run after them. Each is
  * filtered by its path under `dir` (file/wait_test.js); the CommonJS set
- * leaves out tests/postgres/ (the contract test, which it runs, sits at
- * the top of tests/).
+ * leaves out tests/postgres/ but PG_NO_SERVER (the contract test, which it
+ * runs, sits at the top of tests/).
  */
 const testFiles = (dir: string, rt: string, alone = false) =>
   (readdirSync(join(scratch, dir), { recursive: true }) as string[])
@@ -471,7 +474,8 @@ const testFiles = (dir: string, rt: string, alone = false) =>
     .filter((f) => ALONE.has(f) === alone)
     .filter((f) => !(dir.endsWith("cjs") && BIN_TESTS.has(f)))
     .filter((f) =>
-      !(dir.endsWith("cjs") && !pgCjsAll && f.startsWith("postgres/"))
+      !(dir.endsWith("cjs") && !pgCjsAll && f.startsWith("postgres/") &&
+        !PG_NO_SERVER.has(f))
     )
     .filter((f) => !(dir.endsWith("cjs") && !cjsAll && !CJS_SUBSET.has(f)))
     .filter((f) => f !== "postgres/host_loss_test.js" || netnsOn(rt))
