@@ -683,8 +683,8 @@ describe("runlock run", () => {
             ["wait", "--timeout=0", path],
           ]
         ) {
-          // (Before the fix, run spun at 100% CPU on Node, deaf to
-          // SIGTERM: a SIGKILL through the handle ends it.)
+          // (A run that spins at 100% CPU, deaf to SIGTERM, would never
+          // end: a SIGKILL through the handle ends it.)
           const r = spawnSync(cmd, [...pre, ...args], {
             encoding: "utf8",
             timeout: 20_000,

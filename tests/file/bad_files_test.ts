@@ -275,9 +275,9 @@ describe("a directory that refuses new files", () => {
     assert.equal((await inspect("/proc/version")).state, "invalid");
   });
 
-  test("acquire of a path in a missing directory under /proc fails at once with a RunlockError (Node's recursive mkdir spun there forever, deaf to SIGTERM)", async (t) => {
+  test("acquire of a path in a missing directory under /proc fails at once with a RunlockError (Node's recursive mkdir spins there forever, deaf to SIGTERM)", async (t) => {
     if (!existsSync("/proc/self")) return t.skip("no /proc");
-    // In a child: the old code never returned (the Child's hang detector
+    // In a child: a spinning mkdir never returns (the Child's hang detector
     // would end the test), and the spin is not interruptible in-process.
     const c = new Child("child.ts", [
       "try",

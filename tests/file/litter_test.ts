@@ -34,8 +34,8 @@ import {
  * fixtures/litter_holder.py plays that process: it takes the flock itself
  * and says so, so the same fixture serves every runtime under test. (Not
  * flock(1): its forked command shares the locked descriptor until it
- * closes it, so killing flock(1) did not always drop the lock at once, and
- * the next acquire rightly kept a temp file that was still locked.)
+ * closes it, so killing flock(1) does not always drop the lock at once, and
+ * the next acquire rightly keeps a temp file that is still locked.)
  */
 async function litter(
   path: string,

@@ -34,9 +34,9 @@ function snapshot(dir: string): string {
 
 /**
  * Files in a big scan: enough that a scan outlasts its 10 ms between turns
- * of the event loop several times over. By hand, warm, 12,000 records took
- * 52-57 ms on Node and Bun; the 6,000 used before took 26-33 ms on Node once
- * the parser got faster, near enough to 10 ms for a faster machine to reach.
+ * of the event loop several times over. By hand, warm, 12,000 records take
+ * 52-57 ms on Node and Bun; half as many take 26-33 ms on Node, near enough
+ * to 10 ms for a faster machine to reach.
  */
 const BIG = 12_000;
 

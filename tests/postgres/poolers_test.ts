@@ -482,9 +482,9 @@ describe(
     });
 
     test("workers looping through pgpool-II, whose load-balance node is the standby, take turns on the primary: they enter, never two at once, fences increase, no acquire is refused", async () => {
-      // The set-up the bug needs: a read that calls no volatile function
-      // and reads no catalog (as SELECT 1, the old heartbeat) goes to the
-      // standby, unless it starts with the hint.
+      // The set-up that sends a lock's statements astray: a read that
+      // calls no volatile function and reads no catalog (as SELECT 1 does)
+      // goes to the standby, unless it starts with the hint.
       const port = (sql: string) => Number(psql(pgpool.url, sql));
       assert.equal(port("SELECT inet_server_port()"), standby.port);
       assert.equal(
