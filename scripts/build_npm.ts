@@ -115,17 +115,18 @@ function fail(diagnostics: readonly ts.Diagnostic[]): void {
 rmSync(out, { recursive: true, force: true });
 
 // 1. Stage the sources with the Node platform swapped in.
-const SKIP = new Set([
-  "src/platform/deno.ts",
-  "src/platform/_libc_deno.ts",
-  "src/platform/_at_deno.ts",
-  "src/platform/current.node.ts",
-]);
+// Deno's platform (deno.ts and every _*_deno.ts) is Deno's alone.
+const denoOnly = (f: string) =>
+  f === "src/platform/deno.ts" || /^src\/platform\/_\w+_deno\.ts$/.test(f);
+const SKIP = new Set(["src/platform/current.node.ts"]);
 const sources = [
   "mod.ts",
   ...walk(join(root, "src")).map((f) => relative(root, f)),
 ]
-  .filter((f) => f.endsWith(".ts") && !f.endsWith("_test.ts") && !SKIP.has(f));
+  .filter((f) =>
+    f.endsWith(".ts") && !f.endsWith("_test.ts") && !SKIP.has(f) &&
+    !denoOnly(f)
+  );
 for (const file of sources) {
   const from = file === "src/platform/current.ts"
     ? "src/platform/current.node.ts"
