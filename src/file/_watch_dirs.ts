@@ -35,6 +35,7 @@ export interface DirsHost {
 export class Dirs {
   top: DirWatch | undefined;
   readonly #all = new Set<DirWatch>();
+  #closed = false;
   /** What was reported to onSkip: each once per watch (at most 4,096). */
   readonly #skipped = new Set<string>();
 
@@ -98,8 +99,9 @@ export class Dirs {
     );
   }
 
-  /** Frees every watch. */
+  /** Frees every watch; none is made after. */
   close(): void {
+    this.#closed = true;
     for (const d of this.#all) {
       d.dropped = true;
       d.close?.();
@@ -136,6 +138,8 @@ export class Dirs {
 
   /** Watches subdirectory `name` of `d`; `undefined` if it cannot. */
   #child(d: DirWatch, name: string): DirWatch | undefined {
+    // An onSkip may end the watch in the middle of a listing.
+    if (this.#closed) return undefined;
     const path = within(d.path, name);
     const info = lstatOf(path);
     if (info === null || info.kind !== "directory") return undefined;

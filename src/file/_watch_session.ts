@@ -199,6 +199,7 @@ export class Session implements AsyncIterableIterator<Change[]> {
     const present: Change[] = [];
     const racing: [string, DirWatch][] = [];
     for (const { dir: d, path, name, kind } of this.#dirs.walkTop()) {
+      if (this.#phase !== "starting") return;
       if (kind === "directory") continue;
       const seen = look(path);
       // In a takeover, or out of descriptors: look again below.

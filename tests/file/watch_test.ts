@@ -672,6 +672,31 @@ describe("watch()", () => {
     }
   });
 
+  test("an onSkip that ends the watch in the middle of its first listing leaves no watch behind: the process exits by itself", async () => {
+    const { dir, cleanup } = tempDir();
+    // A temp-named file that is not empty is left out unread (onSkip);
+    // directories around it, and below, are what the listing would watch.
+    writeFileSync(join(dir, ".job.lock.0123456789abcdef.tmp"), "x");
+    for (let i = 0; i < 30; i++) {
+      mkdirSync(join(dir, `d${i}`, "sub"), { recursive: true });
+    }
+    try {
+      const child = new Child("watcher.ts", ["skip-return", dir]);
+      assert.equal((await child.expect("ended")).batches, 0);
+      // Exits by itself; the bound only tells a hang from a slow machine.
+      let timer: ReturnType<typeof setTimeout> | undefined;
+      const exited = await Promise.race([
+        child.exited,
+        new Promise((resolve) => timer = setTimeout(resolve, 60_000, "hung")),
+      ]);
+      clearTimeout(timer);
+      if (exited === "hung") await child.kill();
+      assert.deepEqual(exited, { code: 0, signal: null });
+    } finally {
+      cleanup();
+    }
+  });
+
   test("its signal, and a break out of the loop, end it and free everything: a process that watches and stops exits by itself", async () => {
     const { dir, cleanup } = tempDir();
     // A held run, so that the watch holds a descriptor and a close watch.
