@@ -1,6 +1,6 @@
 /**
  * The package version, kept in code so that a compiled binary needs no file
- * at run time. tests/cli_test.ts checks it against deno.json.
+ * at run time. tests/cli/commands_test.ts checks it against deno.json.
  *
  * @module
  */

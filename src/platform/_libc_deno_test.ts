@@ -1,6 +1,6 @@
 // Deno's lstat through libc (src/platform/_libc_deno.ts), against
 // Deno.lstatSync on real files. A unit test beside its module: the public
-// API cannot show a struct's fields (tests/ffi_test.ts shows the calls).
+// API cannot show a struct's fields (tests/platform/ffi_test.ts shows the calls).
 import assert from "node:assert/strict";
 import { test } from "node:test";
 import { lstatLibc } from "./_libc_deno.ts";

@@ -10,7 +10,7 @@
 //               ranks above ALTER ROLE/DATABASE ... SET (PGC_S_USER,
 //               PGC_S_DATABASE, PGC_S_DATABASE_USER), ALTER SYSTEM and
 //               postgresql.conf (PGC_S_FILE); tested, one setting each,
-//               in tests/postgres_settings_test.ts
+//               in tests/postgres/settings_test.ts
 //   [search]    §5.9.3 The Schema Search Path
 //   [upsert]    §13.2.1 Read Committed Isolation Level
 

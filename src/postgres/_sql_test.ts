@@ -9,13 +9,12 @@
 import assert from "node:assert/strict";
 import process from "node:process";
 import { test } from "node:test";
-import { findPgBin, startCluster } from "../../tests/fixtures/pg_cluster.ts";
+import { startCluster } from "../../tests/fixtures/pg_cluster.ts";
+import { pgServerAvailable } from "../../tests/fixtures/pg_available.ts";
 import { queueStatements } from "./_queue_sql.ts";
 import { GUARD_MARK, statements } from "./_sql.ts";
 
-const why = findPgBin() === undefined && !process.env.RUNLOCK_TEST_PG_URL
-  ? "no PostgreSQL binaries"
-  : undefined;
+const why = pgServerAvailable ? undefined : "no PostgreSQL binaries";
 
 test(
   "every statement that calls an advisory lock function fails on a server session another client claimed, under every plan_cache_mode, and leaves that session's locks alone",
