@@ -101,8 +101,7 @@ export async function main(args: string[], io: CliIo = stdio): Promise<number> {
       case "--help":
       case "-h":
       case "help": {
-        // `help run` is `run --help`; `help nosuch` is a usage error, as
-        // `nosuch` is.
+        // `help run` is `run --help`; `help nosuch` is a usage error.
         const about = COMMANDS.find((c) => c.name === rest[0]);
         if (command === "help" && rest[0] !== undefined && !about) {
           throw unknownCommand(rest[0]);
@@ -118,9 +117,8 @@ export async function main(args: string[], io: CliIo = stdio): Promise<number> {
         throw new UsageError("missing command");
       default:
         if (command.startsWith("-")) {
-          // `runlock --db=URL status k`: say where options go, not that
-          // '--db' is no command.
-          // Named without its value, which may hold a password.
+          // `runlock --db=URL status k`: named without its value, which
+          // may hold a password.
           const option = redact(command.split("=")[0]);
           const later = rest.find((a) => COMMANDS.some((c) => c.name === a));
           const written = command.includes("=") ? `${option}=...` : option;
@@ -129,8 +127,6 @@ export async function main(args: string[], io: CliIo = stdio): Promise<number> {
               (later ? `, as in 'runlock ${later} ${written} ...'` : ""),
           );
         }
-        // `runlock postgres://app:pw@db/app status k`: quoted without the
-        // password.
         throw unknownCommand(command);
     }
   } catch (err) {
@@ -139,7 +135,6 @@ export async function main(args: string[], io: CliIo = stdio): Promise<number> {
       return 0;
     }
     if (err instanceof UsageError) {
-      // A mistake in a command: that command's usage, not every command's.
       io.err(
         `runlock: ${err.message}\n${
           found ? commandUsage(found) : usage(COMMANDS)
@@ -152,10 +147,7 @@ export async function main(args: string[], io: CliIo = stdio): Promise<number> {
   }
 }
 
-/**
- * The usage error of a word that is no command, with the command it was
- * probably meant to be (`stauts`: "did you mean 'status'?").
- */
+/** The usage error of a word that is no command, redacted (a URL). */
 function unknownCommand(word: string): UsageError {
   const meant = nearest(word, COMMANDS.map((c) => c.name));
   return new UsageError(

@@ -1,7 +1,6 @@
 /**
- * The command line's words, read: `--name` and `--name=value` options, the
- * one path a command takes, seconds, and `--meta KEY=VALUE`. A mistake is a
- * {@linkcode UsageError}, which `main` prints with the usage (exit 2).
+ * The command line's words, read: options, the one path a command takes,
+ * seconds, and `--meta KEY=VALUE`. A mistake is a {@linkcode UsageError}.
  *
  * @module
  */
@@ -22,40 +21,31 @@ export class HelpWanted extends Error {}
  * "optional" after "=" or none, "repeat" after "=" or as the next word,
  * any number of times.
  */
-export type Kind = "flag" | "value" | "optional" | "repeat";
-
-/** The options a command was given, and the words after them. */
-export interface Parsed {
-  /** Each option's value (`true` for a flag, or an optional without one). */
-  options: Map<string, string | true>;
-  /** Each "repeat" option's values, in order. */
-  lists: Map<string, string[]>;
-  /** The words from the first that is not an option (a `--` included). */
-  rest: string[];
-}
+type Kind = "flag" | "value" | "optional" | "repeat";
 
 /**
- * Parses `--name` and `--name=value` options up to the first word that
- * does not start with "-", or a `--`. A "repeat" option (`--meta`) may be
- * given several times, and takes its value after "=" or as the next
- * argument. `--help` and `-h` throw {@linkcode HelpWanted}.
- *
- * Every other word that starts with "-" is an unknown option, a single
- * dash too (`-j`): never a path, which would then be a lock file named
- * `-j` (`command` names the command whose path goes after "--" then).
+ * Parses options up to the first word that does not start with "-", or a
+ * `--`: `options` (`true` for a flag, or an optional without a value),
+ * the values of each "repeat" option in `lists`, and the `rest` (a `--`
+ * included). `--help` and `-h` throw {@linkcode HelpWanted}. Any other
+ * word that starts with "-" is an unknown option, never a path (`command`
+ * names the command whose path goes after "--" then).
  */
 export function parse(
   args: string[],
   known: Record<string, Kind>,
   command?: string,
-): Parsed {
+): {
+  options: Map<string, string | true>;
+  lists: Map<string, string[]>;
+  rest: string[];
+} {
   const options = new Map<string, string | true>();
   const lists = new Map<string, string[]>();
   let i = 0;
   for (; i < args.length; i++) {
     const arg = args[i];
     if (arg === "--") break;
-    // As the messages quote it: `--dburl=postgres://app:***@db/app`.
     const shown = redact(arg);
     if (arg === "--help" || arg === "-h") throw new HelpWanted();
     if (!arg.startsWith("-")) break;
@@ -101,10 +91,7 @@ export function parse(
   return { options, lists, rest: args.slice(i) };
 }
 
-/**
- * An option's value as a number of seconds, or undefined when the option
- * was not given (or given without a value).
- */
+/** An option's value as seconds; undefined when not given or no value. */
 export function seconds(
   name: string,
   value: string | true | undefined,
@@ -119,20 +106,22 @@ export function seconds(
   return n;
 }
 
-/** The one path (or name) a command takes, after an optional `--`. */
+/**
+ * The one path (or name) a command takes, after an optional `--`; with
+ * `what` "", an optional one, "" when missing.
+ */
 export function onePath(
   args: string[],
   command: string,
   what = "<path>",
 ): string {
-  // A `--` before the path ends the options: the path may start with "-".
   const rest = args[0] === "--" ? args.slice(1) : args;
   if (rest.length === 0) {
+    if (what === "") return "";
     throw new UsageError(`${command}: missing ${what}`);
   }
   if (rest.length > 1) {
-    // `status k --db=URL`: an option after the path, quoted without its
-    // password.
+    // `status k --db=URL`: quoted without the password.
     throw new UsageError(
       `${command}: unexpected argument '${redact(rest[1])}'`,
     );
@@ -140,15 +129,10 @@ export function onePath(
   return rest[0];
 }
 
-// The rules of the library's `meta` option (acquire and pgLocks check them
-// too), checked here first so that a bad --meta is a usage error naming the
-// key, before anything touches the disk or the network.
+// The library's `meta` rules, checked first so that a bad --meta is a usage
+// error before anything touches the disk or the network. A value may hold
+// no line end (LF, CR, VT, FF, NEL, U+2028, U+2029) nor control but tab.
 const META_KEY = /^[a-z0-9_.-]{1,64}$/;
-/**
- * What a record's value may not hold: anything a reader could take for the
- * end of a line (LF, CR, VT, FF, NEL, U+2028, U+2029) and every other
- * control character but tab.
- */
 // deno-lint-ignore no-control-regex -- control characters are the point
 const META_BAD_VALUE = /[\x00-\x08\x0a-\x1f\x7f\x85\u2028\u2029]/;
 

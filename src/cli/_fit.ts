@@ -1,6 +1,5 @@
 /**
- * A table fitted to a terminal's width, as `ls --watch` draws it: which
- * columns give way, in which order, and how the one kept longest is cut.
+ * A table fitted to a terminal's width, as `ls --watch` draws it.
  *
  * @module
  */
@@ -10,39 +9,23 @@ import { cutEnd, cutStart, width } from "./_width.ts";
 /** The columns between two cells. */
 const GAP = 2;
 
-/** How a table gives way to a narrow terminal. */
-export interface Fit {
-  /** The column cut first, from its end ("sleep 1…"). */
+/** How a table gives way to a narrow terminal: see fitTable. */
+interface Fit {
   shrink: number;
-  /** The fewest columns `shrink` is cut to before a column is dropped. */
   shrinkMin: number;
-  /**
-   * The columns dropped, in this order, while the rows do not fit with
-   * `shrink` cut to `shrinkMin`; the first column and the last are kept.
-   */
   drop: readonly number[];
 }
 
-/** The widest cell of column `i`, in terminal columns. */
 function widest(rows: readonly string[][], i: number): number {
   return Math.max(0, ...rows.map((row) => width(row[i])));
 }
 
 /**
- * `rows` (the header first, then one row per lock; the same number of
- * cells each) fitted to `columns`, as the cells to align: the last column
- * (the path, or the lock's name) is the last to go. While the rows are too
- * wide, `fit.shrink` is cut from its end, down to `fit.shrinkMin` columns;
- * then the columns of `fit.drop` go, one by one, until the last column
- * fits whole; when nothing else is left to give, the last column is cut
- * from its start, keeping its end ("…/state/run.lock"), which names the
- * lock. What is still too wide then (a window narrower than the first
- * column) is the caller's to cut at the edge.
- *
- * @param rows The cells, as the terminal shows them (printable texts).
- * @param columns The terminal's width.
- * @param fit Which columns give way, and in which order.
- * @returns The rows' cells that are shown, cut, in the same order.
+ * `rows` (header first, printable cells) fitted to `columns`, as the cells
+ * to align. While too wide, column `fit.shrink` is cut from its end down
+ * to `fit.shrinkMin`; then the columns of `fit.drop` go, one by one; last,
+ * the last column (the path) is cut from its start, keeping the end that
+ * names the lock. What is still too wide is the caller's to cut.
  *
  * @example Narrow: the command is cut, then dropped; the path stays whole
  * (the doc test imports `fitTable` itself)
@@ -77,7 +60,6 @@ export function fitTable(
   const last = count - 1;
   const all = [...Array(count).keys()];
   let shown = all;
-  /** What `fit.shrink` is cut to (undefined: shown whole, or dropped). */
   let shrinkTo: number | undefined;
   for (let dropped = 0; dropped <= fit.drop.length; dropped++) {
     const gone = new Set(fit.drop.slice(0, dropped));

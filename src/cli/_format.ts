@@ -9,27 +9,32 @@ import type { Inspection } from "../../mod.ts";
 import { process } from "../_process.ts";
 import { UsageError } from "./_args.ts";
 import { granted } from "./_permissions.ts";
-import { Said } from "./_said.ts";
 import { width } from "./_width.ts";
 
 /**
- * What the commands print about a lock: a file lock's Inspection, or a
- * PostgreSQL lock's, completed to the same fields (plus `fence` and
- * `backendPid`).
+ * An error whose message is runlock's own layout, printed as it is: what
+ * came from outside was made printable where it was put in.
  */
+export class Said extends Error {
+  constructor(lines: string[], options?: ErrorOptions) {
+    super(lines.join("\n"), options);
+    this.name = "Said";
+  }
+}
+
+/** A lock as the commands print it: a file lock's, or a PostgreSQL one's. */
 export type Info = Inspection & { fence?: bigint; backendPid?: number };
 
 /**
- * What must not reach a terminal as it is: C0 and C1 control characters
- * and DEL (Cc: ESC starts a sequence that may retitle or clear the window,
- * a newline splits a line), format characters (Cf: bidirectional
- * overrides, zero-width characters), line and paragraph separators, lone
- * surrogates (Cs), and every space but the plain one (Zs).
+ * What must not reach a terminal as it is: control characters (ESC starts
+ * a sequence that may retitle or clear the window), format characters
+ * (bidirectional overrides), line and paragraph separators, lone
+ * surrogates, and every space but the plain one.
  */
 const UNPRINTABLE = /[\p{Cc}\p{Cf}\p{Cs}\p{Zl}\p{Zp}]|[^\P{Zs} ]/u;
 
 /** One character inside printable()'s `$'...'`. */
-function escape(char: string): string {
+export function escape(char: string): string {
   if (char === "\\") return "\\\\";
   if (char === "'") return "\\'";
   if (!UNPRINTABLE.test(char)) return char;
@@ -46,15 +51,11 @@ function escape(char: string): string {
 }
 
 /**
- * A name, path or record text (a host, a command line) as the CLI prints
- * it for a person. As it is, unless it holds a character that does not
- * print (see UNPRINTABLE) or begins with `$'`: then quoted as bash, zsh
- * and ksh read `$'...'`, each such character escaped (`\n`, `\r`, `\t`,
- * `\xHH` below U+0080 as `\x1b` for ESC, else `\uHHHH` or `\UHHHHHHHH`),
- * and `\\` and `\'` for a backslash and a quote. So no text shows as
- * another, no escape sequence reaches the terminal, and a quoted path
- * pasted into the shell names the same file. `--json` prints the exact
- * text instead.
+ * A name, path or record text as the CLI prints it for a person: as it is,
+ * unless it holds an UNPRINTABLE character or begins with `$'`; then quoted
+ * as bash reads `$'...'`, so that no text shows as another, no escape
+ * sequence reaches the terminal, and a quoted path pasted into a shell
+ * names the same file.
  */
 export function printable(text: string): string {
   if (!UNPRINTABLE.test(text) && !text.startsWith("$'")) return text;
@@ -64,10 +65,8 @@ export function printable(text: string): string {
 }
 
 /**
- * A command's run, its errors' messages made {@linkcode printable} (main
- * prints them, and a library error names the lock as it is): a usage error
- * stays one; any other error becomes an Error with the original as its
- * cause. A {@linkcode Said} is runlock's own layout, printable already.
+ * A command's run, with the messages of its errors made printable (a
+ * library error names the lock as it is); a {@linkcode Said} is so already.
  */
 export function printableErrors<A extends unknown[]>(
   run: (...args: A) => Promise<number>,
@@ -77,9 +76,7 @@ export function printableErrors<A extends unknown[]>(
       return await run(...args);
     } catch (err) {
       if (!(err instanceof Error) || err instanceof Said) throw err;
-      // The lock's path quoted where it is in the message, runlock's own
-      // words left as they are; the whole message only when something
-      // else in it needs quoting.
+      // The path quoted alone; the whole message if more needs quoting.
       const path = (err as { path?: unknown }).path;
       const quoted = typeof path === "string" && path !== ""
         ? err.message.replaceAll(path, () => printable(path))
@@ -107,11 +104,7 @@ export function ago(ms: number): string {
   return `${Math.floor(s / 86400)}d ago`;
 }
 
-/**
- * In how many ms {@linkcode ago} of an age of `ms` says something else
- * ("7s ago" turns "8s ago" in a second, "3m ago" "4m ago" within a minute):
- * when a live table must redraw an age, and not before.
- */
+/** In how many ms {@linkcode ago} of an age of `ms` says something else. */
 export function agoChangesIn(ms: number): number {
   const s = Math.max(0, Math.round(ms / 1000));
   const unit = s < 60 ? 1 : s < 3600 ? 60 : s < 86400 ? 3600 : 86400;
@@ -120,10 +113,11 @@ export function agoChangesIn(ms: number): number {
   return Math.max(1, (next - 0.5) * 1000 - ms);
 }
 
+const pad = (n: number) => String(n).padStart(2, "0");
+
 /** A duration as "7s", "3m05s", "2h04m". */
 export function elapsed(ms: number): string {
   const s = Math.max(0, Math.floor(ms / 1000));
-  const pad = (n: number) => String(n).padStart(2, "0");
   if (s < 60) return `${s}s`;
   if (s < 3600) return `${Math.floor(s / 60)}m${pad(s % 60)}s`;
   return `${Math.floor(s / 3600)}h${pad(Math.floor(s / 60) % 60)}m`;
@@ -131,7 +125,6 @@ export function elapsed(ms: number): string {
 
 /** A local time as "09:52:11", with the date when it is not today. */
 export function clock(date: Date, now: Date): string {
-  const pad = (n: number) => String(n).padStart(2, "0");
   const time = `${pad(date.getHours())}:${pad(date.getMinutes())}:${
     pad(date.getSeconds())
   }`;
@@ -156,9 +149,6 @@ export function describeState(info: Info, now: Date = new Date()): string {
         }
         return "held by a process that wrote no pid (flock(1) or similar)";
       }
-      // runlock run handed the lock to its command (PROTOCOL.md, "Handing
-      // the lock to a command"): the record names the command too. Once
-      // runlock is gone, the command is the live process to name.
       const handed = handedTo(info);
       let line = `held by pid ${handed || info.pid}`;
       if (host) line += ` on ${host}`;
@@ -170,15 +160,13 @@ export function describeState(info: Info, now: Date = new Date()): string {
       if (handed) {
         line += ` (the command of runlock pid ${info.pid}, which is gone)`;
       } else if (!info.foreign && gone(info)) {
-        // The flock outlived its taker: `runlock run` handed it to its
-        // command (PROTOCOL.md, "Handing the lock to a command"), which, or
-        // what it started, holds it still.
+        // `runlock run` handed the flock on (PROTOCOL.md, "Handing the lock
+        // to a command").
         line += ` (pid ${info.pid} is gone: the command it ran, or what ` +
           `that started, holds the lock; fuser -v names it)`;
       }
       if (info.foreign) {
-        // Under Deno, kill(pid, 0) needs --allow-run: without it, the
-        // library could not look, and counts the file as held.
+        // Deno's kill(pid, 0) needs --allow-run; without, held is assumed.
         line += granted({ name: "run" })
           ? " (a plain pidfile: liveness from kill(pid, 0))"
           : ` (a plain pidfile: runlock could not check that pid ${info.pid} is alive, as Deno needs --allow-run for kill(pid, 0); counted as held)`;
@@ -196,10 +184,7 @@ export function describeState(info: Info, now: Date = new Date()): string {
   }
 }
 
-/**
- * The command a held lock's `runlock run` handed it to, when that run is
- * gone and the command holds the lock (the probe named it: `child`), or 0.
- */
+/** The PID of the command a gone `runlock run` handed the lock to, or 0. */
 function handedTo(info: Info): number {
   const child = info.child ?? 0;
   return info.state === "held" && child > 0 && !info.foreign &&
@@ -210,10 +195,9 @@ function handedTo(info: Info): number {
 
 /**
  * Whether a held file lock's recorded PID is a process of this host that
- * is gone (kill(pid, 0) says ESRCH), which a held flock means the lock
- * was handed on. False when that cannot be asked (Deno without
- * --allow-run) or the PID is another host's, boot's or namespace's (or,
- * unless `unsure` allows it, may be: the record does not say).
+ * is gone (ESRCH): the lock was handed on. False when that cannot be asked,
+ * or the PID is (or, unless `unsure`, may be) another host's, boot's or
+ * namespace's.
  */
 function gone(info: Info, unsure = false): boolean {
   if (info.pid <= 0) return false;
@@ -232,10 +216,7 @@ function gone(info: Info, unsure = false): boolean {
   }
 }
 
-/**
- * Why the recorded PID must not be used from here, or undefined when it
- * may (or when nothing says otherwise).
- */
+/** Why the recorded PID must not be used from here, or undefined. */
 export function pidWarning(info: Info): string | undefined {
   if (info.pidValidHere !== false || info.pid === 0) return undefined;
   const pid = info.pid;
@@ -244,8 +225,6 @@ export function pidWarning(info: Info): string | undefined {
     case "namespace":
       return `pid ${pid} belongs to another PID namespace (a container): ${kill}`;
     case "boot":
-      // A held lock from an earlier boot of this machine is impossible (its
-      // flock died with that boot); a live one is another kernel's.
       return `pid ${pid} was recorded under another boot of a kernel (another machine sharing this file, or an earlier boot of this one): ${kill}`;
     case "host":
       return `pid ${pid} is a process on ${
@@ -257,9 +236,8 @@ export function pidWarning(info: Info): string | undefined {
 }
 
 /**
- * The columns `runlock ls` prints for a lock: state, pid, host, since (an
- * age, from `now` in ms), command (for `invalid`: what is wrong), path;
- * the texts {@linkcode printable}, so that a column is as wide as it shows.
+ * The cells `runlock ls` prints for a lock, printable: state, pid, host,
+ * age (at `now`), command (for `invalid`: what is wrong), path.
  */
 export function lsCells(info: Info, now: number): string[] {
   return [
@@ -274,11 +252,7 @@ export function lsCells(info: Info, now: number): string[] {
   ];
 }
 
-/**
- * Rows of cells as lines, each column padded to its widest cell (in
- * terminal columns: a CJK character takes two, a combining mark none) and
- * two spaces apart; the last column is not padded.
- */
+/** Rows of cells as lines, each column but the last padded to its widest. */
 export function alignRows(rows: readonly string[][]): string[] {
   const widths: number[] = [];
   for (const row of rows) {

@@ -1,8 +1,7 @@
 /**
- * `runlock run` hands the lock's descriptor on to its command, as
- * flock(1) does: the command (and what it starts, unless it closes the
- * descriptor) holds the flock too, so that if runlock's own process dies
- * (SIGKILL, the OOM killer) the lock lives on until the command ends.
+ * `runlock run` hands the lock's descriptor on to its command, as flock(1)
+ * does: if runlock dies (SIGKILL, the OOM killer), the command, and what it
+ * started with the descriptor open, still holds the flock.
  *
  * @module
  */
@@ -19,13 +18,9 @@ import {
 
 /**
  * The descriptor number that holds `lock`'s flock in this process;
- * undefined when there is none to hand on (a PostgreSQL lock, whose
- * session cannot be handed on); null when there is one but its number
- * cannot be found (Deno without FFI, where the helper that reads /proc
- * cannot run: no `sh`, no /proc).
- *
- * @param lock A held lock of either backend.
- * @returns The descriptor number, undefined, or null.
+ * undefined when there is none (a PostgreSQL session cannot be handed on);
+ * null when its number cannot be found (Deno without FFI, and no `sh` or
+ * no /proc for the helper).
  */
 export function lockDescriptor(lock: object): number | null | undefined {
   const method = (lock as Partial<Inheritable>)[DESCRIPTOR];
@@ -38,36 +33,23 @@ export function lockDescriptor(lock: object): number | null | undefined {
 /** O_CLOEXEC, as /proc/<pid>/fdinfo's octal `flags:` line shows it. */
 const O_CLOEXEC = 0o2000000;
 
-/** Where the command gets the lock's descriptor, and what else it keeps. */
-export interface Numbers {
-  /** The lock's descriptor number in the command. */
-  at: number;
-  /**
-   * Descriptors runlock was given holding a flock (a run inside a run, a
-   * flock(1) script's `exec 9>`), passed on at their own numbers: Bun
-   * marks every descriptor it was given close-on-exec as it starts.
-   */
-  keep: number[];
-}
-
 /**
- * Where to hand the lock on: at `wanted` (9, as flock(1) users expect),
- * unless runlock was itself given a descriptor there that its command
- * would keep too (open and not close-on-exec, or holding a flock: a run
- * inside a run has the outer lock at 9), then at the first number above
- * it that is free so. Where this process's descriptors cannot be listed
- * (no /proc, no `sh`), at `wanted`, keeping nothing more than the runtime
- * passes on.
- *
- * @param wanted The number to hand the lock on at if it is free.
- * @param own The lock's descriptor in this process, which is not kept.
- * @returns The number, and the flocked descriptors to pass on.
+ * The command's stdio: runlock's own, then the lock's descriptor `fd` at
+ * `wanted` (9, as flock(1) users expect), or at the first number above it
+ * that the command would not keep anyway (open without close-on-exec, or
+ * flocked: a run inside a run has the outer lock at 9). Descriptors
+ * runlock was given holding a flock are passed on at their own numbers:
+ * Bun marks every inherited descriptor close-on-exec. Where this process's
+ * descriptors cannot be listed, at `wanted`.
  */
-export function handNumbers(wanted: number, own: number): Numbers {
+export function handedOn(
+  fd: number,
+  wanted: number,
+): ("inherit" | "ignore" | number)[] {
   const taken = new Set<number>();
   const keep: number[] = [];
   for (const [n, text] of descriptors()) {
-    if (n < 3 || n === own) continue;
+    if (n < 3 || n === fd) continue;
     const flags = /^flags:\s+([0-7]+)$/m.exec(text);
     if (/^lock:\s+\d+: FLOCK /m.test(text)) {
       keep.push(n);
@@ -78,14 +60,18 @@ export function handNumbers(wanted: number, own: number): Numbers {
   }
   let at = wanted;
   while (taken.has(at)) at++;
-  return { at, keep: keep.sort((a, b) => a - b) };
+  const stdio = Array.from(
+    { length: Math.max(3, at + 1, ...keep.map((n) => n + 1)) },
+    (_, i): "inherit" | "ignore" | number => i < 3 ? "inherit" : "ignore",
+  );
+  for (const n of keep) stdio[n] = n;
+  stdio[at] = fd;
+  return stdio;
 }
 
 /**
- * This process's descriptors and their /proc/<pid>/fdinfo text: read
- * here, or, where this runtime may not read /proc (Deno without
- * --allow-all), by a helper `sh`, as {@linkcode lockDescriptor} finds its
- * number. None where neither can.
+ * This process's descriptors and their /proc/<pid>/fdinfo text, read by a
+ * helper `sh` where this runtime may not (Deno without --allow-read).
  */
 function descriptors(): [number, string][] {
   const dir = `/proc/${process.pid}/fdinfo`;
@@ -121,13 +107,9 @@ function descriptors(): [number, string][] {
 }
 
 /**
- * Writes the command's PID into the lock's record (its `child=` line), so
- * that readers name the command if runlock itself dies while it runs.
- * Returns why it could not, or `""`; a lock without the line (PostgreSQL)
- * is no failure.
- *
- * @param lock A held lock of either backend.
- * @param pid The command's PID.
+ * Writes the command's PID into the record's `child=` line, so that readers
+ * name the command if runlock dies while it runs. Returns why it could
+ * not, or `""` (also for a PostgreSQL lock, which has no such line).
  */
 export function nameChild(lock: object, pid: number): string {
   const method = (lock as Partial<Inheritable>)[NAME_CHILD];
@@ -142,13 +124,10 @@ export function nameChild(lock: object, pid: number): string {
 
 /**
  * Under Deno without FFI a file has a resource id, not a descriptor
- * number: the number is found in /proc/<pid>/fdinfo, where only the
- * descriptor that owns the flock shows it ("lock: 1: FLOCK ADVISORY WRITE
- * <pid> <major>:<minor>:<inode> 0 EOF"; the device's numbers there are
- * the superblock's, which can differ from stat's, so only the inode and
- * the pid are matched). A helper process reads it, since Deno's own file
- * APIs may not read /proc without --allow-read for it; exactly one match
- * counts.
+ * number: the one fdinfo that shows the flock names it ("lock: 1: FLOCK
+ * ADVISORY WRITE <pid> <major>:<minor>:<inode> 0 EOF"; only the inode and
+ * pid are matched, as the device there is the superblock's, not stat's).
+ * A helper `sh` reads it, as Deno may not read /proc.
  */
 function findDescriptor(d: Descriptor): number | undefined {
   if (process.platform !== "linux") return undefined;

@@ -1,6 +1,5 @@
 /**
- * The usage and `--help` texts, put together from what each command says
- * of itself ({@linkcode Command}).
+ * The usage and `--help` texts, from what each {@linkcode Command} says.
  *
  * @module
  */
@@ -23,7 +22,7 @@ export interface Command {
   run(args: string[], io: CliIo): Promise<number>;
 }
 
-/** Every line of `text`, prefixed with `indent` (blank lines stay blank). */
+/** Every line of `text` but blank ones indented, the first by `first`. */
 function indent(text: string, first: string, rest = first): string {
   return text.split("\n").map((line, i) =>
     line === "" ? "" : (i === 0 ? first : rest) + line
@@ -31,33 +30,30 @@ function indent(text: string, first: string, rest = first): string {
 }
 
 /** The usage lines of `commands`, indented under "usage:". */
-function usageOf(commands: readonly Command[]): string {
+function usageOf(...commands: readonly Command[]): string {
   return `usage:\n${commands.map((c) => indent(c.usage, "  ")).join("\n")}`;
 }
 
-/** The usage lines of every command, as usage errors print them. */
+/** The usage of every command, as a usage error outside one prints it. */
 export function usage(commands: readonly Command[]): string {
-  return `${usageOf(commands)}\n  runlock --help | --version`;
+  return `${usageOf(...commands)}\n  runlock --help | --version`;
 }
 
-/**
- * The usage of one command, as a usage error in that command prints it:
- * its lines, and where to read more.
- */
-export function commandUsage(command: Command): string {
+/** The usage of one command, as a usage error in it prints it. */
+export function commandUsage(c: Command): string {
   return `${
-    usageOf([command])
-  }\n  runlock ${command.name} --help: what it does and its options`;
+    usageOf(c)
+  }\n  runlock ${c.name} --help: what it does and its options`;
 }
 
-/** `runlock COMMAND --help`: that command's usage and what it does. */
-export function commandHelp(command: Command): string {
+/** `runlock COMMAND --help`. */
+export function commandHelp(c: Command): string {
   return `${
-    usageOf([command])
-  }\n\n${command.help}\n\nrunlock --help: every command, the PostgreSQL form (--db=URL), exit codes.`;
+    usageOf(c)
+  }\n\n${c.help}\n\nrunlock --help: every command, the PostgreSQL form (--db=URL), exit codes.`;
 }
 
-/** `runlock --help`: every command and option, PostgreSQL, exit codes. */
+/** `runlock --help`. */
 export function help(commands: readonly Command[]): string {
   const described = commands.map((c) =>
     indent(c.help, `  ${c.name.padEnd(8)} `, " ".repeat(11))

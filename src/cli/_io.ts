@@ -44,23 +44,19 @@ export interface CliIo {
   status?(line: string): void;
 }
 
-/**
- * The columns a message on stderr may take before it is broken: the
- * COLUMNS variable when it is a number of at least 20, else 80.
- */
+/** The width messages on a terminal are broken to: COLUMNS, else 80. */
 function columns(): number {
   const given = Number(envValue("COLUMNS"));
   return Number.isInteger(given) && given >= 20 ? given : 80;
 }
 
-/** The terminal line `status` last drew (its width, for TERM=dumb). */
+/** The width of the line `status` last drew, for TERM=dumb. */
 let drawn = 0;
 
 /**
  * stdout and stderr, with the waiting line when stderr is a terminal.
- * On a terminal, messages are broken at spaces to fit 80 columns (or
- * COLUMNS); elsewhere (a log, a pipe) each stays on its line, whole, for
- * grep. Answers on stdout are printed as they are.
+ * Messages are broken to fit a terminal; in a log or a pipe each stays
+ * whole on its line, for grep.
  */
 export const stdio: CliIo = {
   out: (text) => process.stdout.write(text + "\n"),
@@ -72,10 +68,9 @@ export const stdio: CliIo = {
 };
 
 /**
- * Redraws one line of stderr in place: carriage return, the text (cut to
- * the terminal's width, so that it never wraps onto a second line that a
- * carriage return cannot reach), and an erase to the end of the line (or,
- * on a terminal that knows no escape sequences, spaces over the rest).
+ * Redraws one line of stderr in place, cut to the terminal's width: a
+ * wrapped line is out of a carriage return's reach. TERM=dumb knows no
+ * erase sequence: spaces over the rest.
  */
 function drawLine(line: string): void {
   const width = Math.max(20, (process.stderr.columns || 80) - 1);
@@ -93,9 +88,8 @@ function drawLine(line: string): void {
 }
 
 /**
- * The updating "waiting" line on a terminal: redrawn when what it says
- * changes (the waited seconds, the holder), cleared when the wait ends.
- * Does nothing when `io` has no status line.
+ * The "waiting" line on a terminal: redrawn when what it says changes,
+ * cleared when the wait ends. Nothing when `io` has no status line.
  */
 export class Progress {
   #io: CliIo;
@@ -103,12 +97,11 @@ export class Progress {
   #text = "";
   #done = false;
 
-  /** A line for `io`, which counts the wait from now. */
   constructor(io: CliIo) {
     this.#io = io;
   }
 
-  /** Whether there is a line to draw (a terminal, and not done yet). */
+  /** Whether there is a line to draw. */
   get enabled(): boolean {
     return this.#io.status !== undefined && !this.#done;
   }
@@ -116,9 +109,8 @@ export class Progress {
   /** Says who holds the lock now, if that changes the line. */
   update(info: Info): void {
     if (!this.enabled || info.state !== "held") return;
-    // Short, and the waited time first: the line is cut to the terminal's
-    // width, what the holder runs matters more than when it started, and
-    // the path is the one the user just typed.
+    // The waited time first, no path (the user just typed it): the line
+    // is cut to the terminal's width.
     const where = info.host ? ` on ${printable(info.host)}` : "";
     const who = info.pid === 0
       ? describeState(info)
@@ -133,7 +125,7 @@ export class Progress {
     this.#io.status!(text);
   }
 
-  /** Clears the line, for good. */
+  /** Clears the line for good. */
   done(): void {
     this.#done = true;
     if (this.#text !== "") this.#io.status!("");

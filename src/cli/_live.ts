@@ -8,6 +8,7 @@
  */
 
 import { isAbsolute, relative } from "node:path";
+import type { LockChange } from "../contract.ts";
 import { process } from "../_process.ts";
 import { fitTable } from "./_fit.ts";
 import {
@@ -22,34 +23,13 @@ import {
 import type { CliIo } from "./_io.ts";
 import { cutEnd } from "./_width.ts";
 
-/**
- * One change as `ls --watch` shows it: a file lock's (`Change` of
- * `watch()`) or a PostgreSQL lock's (`PgChange`), its inspection completed
- * to an {@linkcode Info}.
- */
-export interface LiveChange {
-  /** The lock file, or the lock name. */
-  path: string;
-  /** `present` (first batch only), `started`, `released`, ... */
-  kind: string;
-  /** The lock after the change. */
-  inspection: Info;
-}
-
 /** Where the batches of changes go: one of the three forms below. */
 export interface Sink {
   /** Shows one batch of changes (the first: the current state). */
-  batch(changes: readonly LiveChange[]): void;
+  batch(changes: readonly LockChange<Info>[]): void;
   /** Undoes what it did to the terminal, if anything; idempotent. */
   close(): void;
 }
-
-/** The signals that end `ls --watch`: exit 128 + N, as `run`'s wait. */
-export const ENDING: readonly NodeJS.Signals[] = [
-  "SIGINT",
-  "SIGTERM",
-  "SIGHUP",
-];
 
 /** Whether `err` says that the reader of our output has gone. */
 function brokenPipe(err: unknown): boolean {
@@ -58,8 +38,8 @@ function brokenPipe(err: unknown): boolean {
 }
 
 /**
- * Writes `text` through `write`, unless the watch has stopped; a reader
- * that has gone (a synchronous EPIPE, as some runtime may throw) stops it.
+ * `write`, unless the watch has stopped; a reader gone (a synchronous
+ * EPIPE, as some runtime may throw) stops it.
  */
 function guarded(
   stop: AbortController,
@@ -77,9 +57,8 @@ function guarded(
 }
 
 /**
- * `--json`: one line per change, `{"kind": ..., ...}` with the fields
- * `ls --json` gives per lock. Each line is one write of its own, so that
- * a log shipper reading the pipe gets it as it happens.
+ * `--json`: one line per change, `{"kind": ..., ...}` with the fields of
+ * `ls --json`, each one write, so that a log shipper gets it at once.
  */
 export function jsonSink(io: CliIo, stop: AbortController): Sink {
   const out = guarded(stop, io.out);
@@ -97,11 +76,9 @@ export function jsonSink(io: CliIo, stop: AbortController): Sink {
 }
 
 /**
- * Not a terminal, no `--json`: one plain line per change, the kind and
- * then the columns of `runlock ls` (a batch aligned in columns). After a
- * release the lock is free: its line keeps the pid, host, age and command
- * of the run that ended, as last seen, which is what a reader wants to
- * know.
+ * Not a terminal, no `--json`: one line per change, the kind and then the
+ * columns of `runlock ls`. A release's line shows the run that ended, as
+ * last seen, not the free lock's empty cells.
  */
 export function lineSink(io: CliIo, stop: AbortController): Sink {
   const out = guarded(stop, io.out);
@@ -116,8 +93,7 @@ export function lineSink(io: CliIo, stop: AbortController): Sink {
           : { ...c.inspection, path: c.path };
         if (c.inspection.state === "free") last.delete(c.path);
         else last.set(c.path, c.inspection);
-        // The kind and state as wide as their longest ("taken over",
-        // "invalid"), so that lines of separate batches line up too.
+        // As wide as their longest, so that separate batches line up too.
         const [state, ...rest] = lsCells(shown, now);
         return [c.kind.padEnd(10), state.padEnd(7), ...rest];
       });
@@ -137,37 +113,29 @@ const WRAP_ON = "\x1b[?7h";
 const HOME = "\x1b[H";
 const CLEAR_SCREEN = "\x1b[2J";
 /**
- * Erases a line before it is drawn. Not after: a line that fills the
- * width leaves the cursor on its last column (wrapping is off), where an
- * erase to the line's end would erase that column's character.
+ * Erases a line before it is drawn, not after: a line that fills the width
+ * leaves the cursor on its last column, whose character an erase to the
+ * end would erase.
  */
 const CLEAR_LINE = "\x1b[2K";
 const CLEAR_BELOW = "\x1b[J";
 
-/**
- * The table's column titles, in `runlock ls`'s order; the last names the
- * lock: PATH for files, NAME for PostgreSQL's lock names.
- */
+/** The column titles but the last: PATH, or NAME for PostgreSQL. */
 const HEADER = ["STATE", "PID", "HOST", "SINCE", "COMMAND"];
 
 /**
- * How the table gives way on a narrow terminal: the command
- * is cut first, to 8 columns; then the host goes (most rows show the same
- * one), the command, the age, and the pid last (what a person needs to
- * act on a run); the path (or name) goes last of all, cut from its start
- * so that its end still names the lock: "…/state/run.lock".
+ * On a narrow terminal the command is cut first, to 8 columns; then the
+ * host goes (most rows show the same one), the command, the age, and the
+ * pid last (what a person needs to act on a run).
  */
 const FIT = { shrink: 4, shrinkMin: 8, drop: [2, 4, 3, 1] };
 
-/** What the table is drawn on: a terminal's size and its output. */
-export interface Screen {
-  /** The terminal's width and height now. */
+/** What the table is drawn on. */
+interface Screen {
   size(): { columns: number; rows: number };
-  /** Writes to the terminal. */
   write(text: string): void;
 }
 
-/** The terminal that stdout is. */
 export const stdoutScreen: Screen = {
   size: () => ({
     columns: process.stdout.columns || 80,
@@ -178,28 +146,11 @@ export const stdoutScreen: Screen = {
   },
 };
 
-/** What a {@linkcode LiveTable} lists, and how it names it. */
-export interface LiveTableOptions {
-  /**
-   * The watched directory: the title names the last change's path from
-   * it. Undefined for PostgreSQL's lock names.
-   */
-  base?: string;
-  /** The last column's title: "PATH" (the default), or "NAME" (--db). */
-  key?: "PATH" | "NAME";
-}
-
 /**
- * The live table on a terminal: on the alternate screen (as top and less
- * use it), the lock rows under a title and a header, redrawn in place
- * when a batch changes them, when the terminal is resized, and when an
- * age in the "since" column would read otherwise: once a second while an
- * age is under a minute, once a minute after that, and never while no row
- * shows an age. Lines fit the width, measured in terminal columns (a CJK
- * character takes two) and never wrapped: the columns give way as FIT
- * says, the path last, and what is still too wide is cut
- * with "…", never inside a character. Rows beyond the height are counted
- * on the last line: "… 3 more", three locks not shown.
+ * The live table on a terminal, on the alternate screen (as top and less
+ * use it): redrawn in place when a batch changes it, on a resize, and when
+ * an age would read otherwise. Lines fit the width, never wrapped (see
+ * FIT); rows beyond the height are counted on the last line: "… 3 more".
  */
 export class LiveTable implements Sink {
   readonly #screen: Screen;
@@ -216,11 +167,14 @@ export class LiveTable implements Sink {
   #ready = false;
 
   /**
-   * A table on `screen`, under the title `title` (what is watched), which
-   * names the last change's path from `options.base` (the watched
-   * directory); it takes the screen at once.
+   * A table under `title`, which names the last change's path from
+   * `options.base` (the watched directory); it takes the screen at once.
    */
-  constructor(screen: Screen, title: string, options: LiveTableOptions = {}) {
+  constructor(
+    screen: Screen,
+    title: string,
+    options: { base?: string; key?: "PATH" | "NAME" } = {},
+  ) {
     this.#screen = screen;
     this.#title = title;
     this.#base = options.base;
@@ -237,7 +191,7 @@ export class LiveTable implements Sink {
       : from;
   }
 
-  batch(changes: readonly LiveChange[]): void {
+  batch(changes: readonly LockChange<Info>[]): void {
     if (this.#closed) return;
     this.#ready = true;
     for (const c of changes) {
@@ -252,10 +206,7 @@ export class LiveTable implements Sink {
     this.draw();
   }
 
-  /**
-   * The lines of the table now, at most `height`, each at most `columns`
-   * wide on a terminal.
-   */
+  /** The lines of the table now, at most `height` by `columns`. */
   lines(now: number, columns: number, height: number): string[] {
     if (!this.#ready) {
       return [this.#title, "(looking…)"].slice(0, height)
@@ -281,9 +232,8 @@ export class LiveTable implements Sink {
       // The title alone: it counts the locks.
       lines = [title];
     } else {
-      // Room for the title, the header (if there is a row to head) and
-      // the count of the locks not shown; not of the lines: the title and
-      // the header are never among them.
+      // The title, the header (if a row follows) and the count of the
+      // locks not shown.
       const shown = Math.max(0, height - 3);
       const more = `… ${rows.length - shown} more`;
       lines = shown === 0
@@ -294,9 +244,8 @@ export class LiveTable implements Sink {
   }
 
   /**
-   * Draws the table if it reads otherwise than on screen (`force`: draws
-   * it anyway, after a resize or a stop), and sets the timer for the next
-   * age that will read otherwise.
+   * Draws the table if it reads otherwise than on screen (or `force`), and
+   * sets the timer for the next age that will read otherwise.
    */
   draw(force = false): void {
     clearTimeout(this.#timer);
@@ -345,13 +294,12 @@ export class LiveTable implements Sink {
 }
 
 /**
- * Feeds each batch of `changes` to `sink` until the changes end or `stop`
- * is aborted (a signal, a reader gone): then returns at once, whatever the
- * source still waits for (it has the same signal, and frees its watches).
- * An error of the source is thrown, unless `stop` was aborted first.
+ * Feeds each batch of `changes` to `sink` until they end or `stop` is
+ * aborted: then at once, whatever the source still waits for. An error of
+ * the source is thrown, unless `stop` was aborted first.
  */
 export async function follow(
-  changes: AsyncIterable<LiveChange[]>,
+  changes: AsyncIterable<LockChange<Info>[]>,
   sink: Sink,
   stop: AbortController,
 ): Promise<void> {
@@ -366,8 +314,7 @@ export async function follow(
   try {
     while (!stop.signal.aborted) {
       const next = iterator.next();
-      // Left behind when a stop wins the race: its rejection (an abort)
-      // is no one's error.
+      // Left behind when a stop wins the race: its rejection is no error.
       next.catch(() => {});
       const got = await Promise.race([next, stopped]);
       if (got === "stopped") return;
@@ -385,13 +332,11 @@ export async function follow(
 }
 
 /**
- * Listens for what ends `ls --watch` until the returned function is
- * called: each of {@linkcode ENDING} aborts `stop` with its name, and a
- * reader of stdout that has gone (EPIPE, which every runtime reports as an
- * "error" of process.stdout, SIGPIPE being ignored) with "EPIPE". With a
- * `table`, Ctrl-Z (SIGTSTP) gives the terminal back before the process
- * stops, SIGCONT takes it again, and a resize (SIGWINCH) redraws it; the
- * table is also closed on exit, whatever ends the process.
+ * Listens, until the returned function is called, for what ends `ls
+ * --watch`: SIGINT, SIGTERM, SIGHUP abort `stop` with their name, a reader
+ * of stdout gone with "EPIPE" (an "error" of process.stdout: every runtime
+ * ignores SIGPIPE). A `table` is given back on Ctrl-Z and on exit, taken
+ * again on SIGCONT, redrawn on SIGWINCH.
  */
 export function endings(
   stop: AbortController,
@@ -407,7 +352,7 @@ export function endings(
       // A runtime that refuses a signal leaves it at its default action.
     }
   };
-  for (const name of ENDING) {
+  for (const name of ["SIGINT", "SIGTERM", "SIGHUP"]) {
     on(name, () => {
       if (!stop.signal.aborted) stop.abort(name);
     });

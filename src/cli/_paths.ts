@@ -1,6 +1,6 @@
 /**
- * Lock paths the CLI refuses before the library sees them, each with one
- * message whichever command was given: a directory, and anything on /proc.
+ * Lock paths the CLI refuses before the library sees them: a directory,
+ * and anything on /proc.
  *
  * @module
  */
@@ -13,12 +13,10 @@ import { granted } from "./_permissions.ts";
 const PROC_SUPER_MAGIC = 0x9fa0;
 
 /**
- * Throws when `path` cannot be a lock file: a directory (`adir` and
- * `adir/` alike), or a path on /proc. Says nothing when it cannot tell
- * (Deno without read access there, say): the library then answers.
+ * Throws when `path` cannot be a lock file: a directory, or on /proc.
+ * Where it cannot tell (Deno without read access), the library answers.
  */
 export function checkLockPath(path: string): void {
-  // "adir/" and "adir" are the same directory, and get the same message.
   const shown = path.length > 1 ? path.replace(/\/+$/, "") || "/" : path;
   const proc = onProc(shown);
   if (proc !== undefined) {
@@ -30,7 +28,7 @@ export function checkLockPath(path: string): void {
   }
   let directory = false;
   try {
-    // (Asked first: Deno would prompt on a terminal.)
+    // Asked first: Deno would prompt on a terminal.
     directory = granted({ name: "read", path: shown }) &&
       lstatSync(shown).isDirectory();
   } catch {
@@ -46,14 +44,10 @@ export function checkLockPath(path: string): void {
 
 /**
  * Whether `path` is on /proc: `""` when its name says so, the real path
- * of its nearest existing directory when a symlink leads there (/dev/fd
- * is /proc/self/fd), undefined when it is not (or that cannot be told).
- *
- * Why refuse it at all: Node's `mkdirSync(dir, { recursive: true })` of a
- * missing directory there loops forever at 100% CPU, deaf to SIGTERM
- * (procfs answers ENOENT to mkdir although the parent exists, and Node
- * goes back to the parent, finds it, and tries again); Deno and Bun fail
- * with a bare ENOENT. No lock file can ever be made there.
+ * of its nearest existing directory when a symlink leads there (/dev/fd),
+ * undefined when not (or unknown). Refused because Node's recursive
+ * mkdirSync of a missing directory there loops at 100% CPU, deaf to
+ * SIGTERM (procfs answers ENOENT to mkdir although the parent exists).
  */
 function onProc(path: string): string | undefined {
   let abs: string;
@@ -74,14 +68,13 @@ function onProc(path: string): string | undefined {
       return undefined;
     }
     if (isProc(real)) return real;
-    // procfs mounted somewhere else (a container's /host/proc), where
-    // Node would loop too. Not asked under Deno, which fails there at once
-    // and would want --allow-sys=statfs, or prompt.
+    // procfs mounted elsewhere (a container's /host/proc). Not asked under
+    // Deno, which fails there at once and would want --allow-sys=statfs.
     if ("Deno" in globalThis) return undefined;
     try {
       if (statfsSync(real).type === PROC_SUPER_MAGIC) return real;
     } catch {
-      // Not known: not refused.
+      // Unknown: not refused.
     }
     return undefined;
   }

@@ -1,23 +1,18 @@
 /**
  * The PostgreSQL backend's advice for a role that may not create runlock's
- * table, laid out for a terminal: the explanation in plain lines, and the
- * SQL on lines of its own, as psql takes it when pasted (not inside the
- * `$'...'` quoting that printable() gives a whole message with line
- * breaks). Only what came from outside is made printable: the lock name,
- * the server's description and its message.
+ * table, laid out for a terminal: the SQL on lines of its own, as psql
+ * takes it when pasted, not inside the `$'...'` that printable() would
+ * give the whole message.
  *
  * @module
  */
 
 import type { SetupAdvice } from "../postgres/_schema.ts";
-import { printable } from "./_format.ts";
-import { Said } from "./_said.ts";
+import { printable, Said } from "./_format.ts";
 
 /**
- * Where the backend keeps the advice's parts on its RunlockError: the
- * symbol SETUP_ADVICE of src/postgres/_schema.ts (Symbol.for, one symbol
- * in every copy of the module). Named here rather than imported, so that
- * the CLI loads the backend only when asked for it (see _backend.ts).
+ * SETUP_ADVICE of src/postgres/_schema.ts (Symbol.for): named, not
+ * imported, so that the CLI loads the backend only when asked for it.
  */
 const SETUP_ADVICE = Symbol.for("runlock.postgres.setupAdvice");
 
@@ -25,28 +20,18 @@ const SETUP_ADVICE = Symbol.for("runlock.postgres.setupAdvice");
 interface Kept {
   /** What runlock was doing: "acquire the lock". */
   action: string;
-  /** The server, as messages name it (no password). */
+  /** The server, without password. */
   server: string;
-  /** The advice, in parts. */
   advice: SetupAdvice;
 }
 
-/**
- * `err` laid out as lines when it is the backend's refusal to create its
- * table (a RunlockError carrying the advice's parts), else `err` itself.
- *
- * @param err What the backend threw.
- * @param name The lock's name, as the command was given it.
- * @returns The error to throw.
- */
+/** `err` laid out when it is the backend's refusal to create its table. */
 export function setupAdvice(err: unknown, name: string): unknown {
   const kept = (err as { [SETUP_ADVICE]?: Kept } | null)?.[SETUP_ADVICE];
   if (kept === undefined) return err;
   const a = kept.advice;
-  // A SQL line holds names (the schema, the role) in SQL's own quotes. A
-  // name with a character that must not reach a terminal (a role may be
-  // named anything) makes that line printable(), and the line then needs
-  // editing before it pastes; every other line is printed as it is.
+  // A name that must not reach a terminal (a role may be named anything)
+  // makes its SQL line printable(), to be edited before it pastes.
   const sql = (line: string) => `  ${printable(line)}`;
   return new Said([
     `${printable(name)}: cannot ${kept.action}:`,

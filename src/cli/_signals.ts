@@ -1,6 +1,5 @@
 /**
- * The signals `runlock run` listens to and forwards to its command's
- * process group, the ones it leaves alone, and the job-control stops.
+ * The signals `runlock run` forwards to its command's process group.
  *
  * @module
  */
@@ -9,19 +8,11 @@ import { constants } from "node:os";
 import { process } from "../_process.ts";
 
 /**
- * Signals `run` leaves alone, each on purpose (README, "Signals"):
- *
- * - SIGKILL and SIGSTOP cannot be caught.
- * - SIGCHLD reports runlock's own child; it is not meant for the command.
- * - SIGSEGV, SIGBUS, SIGFPE and SIGILL report a fault in runlock itself
- *   (native code, the FFI): a process in that state must not go on holding
- *   the lock, and Node's documentation warns that a listener for a real
- *   fault can hang the process. Deno does not let a program catch three of
- *   them at all.
- * - SIGPIPE is ignored by every runtime (a write to a closed pipe fails with
- *   EPIPE instead), and runlock keeps it ignored: listening would turn
- *   runlock's own EPIPE into a signal for the command, and removing the
- *   listener afterwards would leave SIGPIPE fatal.
+ * Signals `run` leaves alone (README, "Signals"): SIGKILL and SIGSTOP
+ * cannot be caught; SIGCHLD is runlock's own child's; a fault (SIGSEGV,
+ * SIGBUS, SIGFPE, SIGILL) must not go on holding the lock, and Node warns
+ * that its listener can hang the process; SIGPIPE stays ignored, as every
+ * runtime has it: a listener, once removed, would leave it fatal.
  */
 const NOT_HANDLED = new Set([
   "SIGKILL",
@@ -35,11 +26,9 @@ const NOT_HANDLED = new Set([
 ]);
 
 /**
- * Job-control stops. The command runs in its own session (see `run`), where
- * the kernel discards a stop signal whose action is the default one (its
- * process group is orphaned), so runlock stops the command's group with
- * SIGSTOP and then itself, and continues it on SIGCONT: what dumb-init does
- * in its setsid mode.
+ * Job-control stops: in the command's own session the kernel discards them
+ * (an orphaned process group), so runlock sends SIGSTOP to the group and
+ * then itself, as dumb-init does in its setsid mode.
  */
 export const STOPS: ReadonlySet<string> = new Set([
   "SIGTSTP",
@@ -56,10 +45,9 @@ export const HARMLESS: ReadonlySet<string> = new Set([
 ]);
 
 /**
- * Every signal `run` listens to: one name per signal number (SIGIOT is
- * SIGABRT, SIGPOLL is SIGIO, SIGUNUSED is SIGSYS), so that no signal is
- * forwarded twice. Bun's JavaScriptCore takes SIGPWR to suspend threads: a
- * listener would never run, so runlock does not ask for one there.
+ * Every signal `run` listens to, one name per number (SIGIOT is SIGABRT),
+ * so that none is forwarded twice. Not SIGPWR under Bun, whose
+ * JavaScriptCore takes it to suspend threads.
  */
 export const HANDLED: readonly NodeJS.Signals[] = (() => {
   const seen = new Set<number>();

@@ -6,19 +6,10 @@
  */
 
 /**
- * The edit distance between `a` and `b`, counting an insertion, a
- * deletion, a substitution or a swap of two adjacent characters as one
- * edit (Damerau-Levenshtein, as optimal string alignment: `stauts` is one
- * swap from `status`). Compares UTF-16 code units, which is enough for
- * command names.
- *
- * @param a One word.
- * @param b The other.
- * @returns The number of edits that turn `a` into `b`.
+ * The optimal string alignment distance (Damerau-Levenshtein): `stauts` is
+ * one swap from `status`. d[i][j]: from a's first i to b's first j.
  */
-export function editDistance(a: string, b: string): number {
-  // d[i][j]: the distance between the first i characters of a and the
-  // first j of b.
+function editDistance(a: string, b: string): number {
   const d: number[][] = Array.from(
     { length: a.length + 1 },
     (_, i) => Array.from({ length: b.length + 1 }, (_, j) => i === 0 ? j : i),
@@ -40,13 +31,8 @@ export function editDistance(a: string, b: string): number {
 }
 
 /**
- * The name among `names` nearest to `word`, if it is at most 2 edits away
- * ({@linkcode editDistance}, case ignored) and no other name is as near;
+ * The one name nearest to `word` (case ignored), if at most 2 edits away;
  * else undefined, rather than a guess.
- *
- * @param word What was typed.
- * @param names The words it may have meant.
- * @returns The one nearest name, or undefined.
  */
 export function nearest(
   word: string,

@@ -1,26 +1,16 @@
 /**
- * How wide a text shows on a terminal, and how to cut it to a width
- * without breaking a character: what the live table of `ls --watch` needs
- * on a narrow window.
- *
- * A text is measured and cut by grapheme clusters (a letter and its
- * combining marks, a surrogate pair, an emoji sequence): a cut never falls
- * inside one. A cluster is as wide as wcwidth(3) counts its first code
- * point: 2 for East Asian Wide and Fullwidth characters (CJK, Hangul,
- * kana, fullwidth forms) and emoji shown as emoji, 0 for a cluster of
+ * How wide a text shows on a terminal, how to cut it to a width, and how
+ * to break a message into lines. Texts are measured and cut by grapheme
+ * clusters, each as wide as wcwidth(3) counts its first code point: 2 for
+ * East Asian Wide and Fullwidth characters and emoji shown as emoji, 0 for
  * combining marks alone, 1 otherwise.
  *
  * @module
  */
 
-/** The cut text's mark: one column, "…" (U+2026). */
 const ELLIPSIS = "…";
 
-/**
- * The code points two columns wide: East Asian Wide (W) and Fullwidth (F),
- * as Markus Kuhn's wcwidth() lists them; emoji are counted by their
- * Emoji_Presentation property instead (see wide()).
- */
+/** East Asian Wide and Fullwidth, as Markus Kuhn's wcwidth() lists them. */
 const WIDE: readonly [number, number][] = [
   [0x1100, 0x115f], // Hangul Jamo initial consonants
   [0x2329, 0x232a], // angle brackets
@@ -39,14 +29,11 @@ const WIDE: readonly [number, number][] = [
   [0x30000, 0x3fffd], // CJK Extension G and after
 ];
 
-/** Emoji that a terminal shows as emoji, two columns wide. */
 const EMOJI = /^\p{Emoji_Presentation}/u;
-/** A cluster of combining marks alone (at the start of a text). */
 const MARKS = /^\p{M}+$/u;
-/** A cluster asked to show as an emoji (VARIATION SELECTOR-16). */
+/** VARIATION SELECTOR-16: show as an emoji. */
 const AS_EMOJI = "\ufe0f";
 
-/** Whether code point `code` is East Asian Wide or Fullwidth. */
 function wide(code: number): boolean {
   for (const [from, to] of WIDE) {
     if (code < from) return false;
@@ -55,7 +42,6 @@ function wide(code: number): boolean {
   return false;
 }
 
-/** One grapheme cluster's width in columns: 0, 1 or 2. */
 function clusterWidth(cluster: string): number {
   const code = cluster.codePointAt(0) ?? 0;
   if (wide(code) || EMOJI.test(cluster)) return 2;
@@ -68,22 +54,14 @@ const segmenter = typeof Intl.Segmenter === "function"
   ? new Intl.Segmenter(undefined, { granularity: "grapheme" })
   : undefined;
 
-/**
- * `text`'s grapheme clusters: by Intl.Segmenter, or (a runtime without
- * it) each code point with the combining marks that follow it.
- */
+/** Without Intl.Segmenter: each code point and the marks after it. */
 function clusters(text: string): string[] {
   if (segmenter) return [...segmenter.segment(text)].map((s) => s.segment);
   return text.match(/\P{M}\p{M}*|\p{M}+/gsu) ?? [];
 }
 
 /**
- * How many columns `text` takes on a terminal (wide characters two, a
- * combining mark none). `text` holds no control character: a text from
- * {@linkcode printable} of `./_format.ts`.
- *
- * @param text A printable text.
- * @returns Its width in columns.
+ * How many columns a printable `text` takes on a terminal.
  *
  * @example Wide characters count two (the doc test imports `width`
  * itself)
@@ -96,7 +74,6 @@ function clusters(text: string): string[] {
  * ```
  */
 export function width(text: string): number {
-  // The common case, without segmenting: printable ASCII, one column each.
   if (/^[\x20-\x7e]*$/.test(text)) return text.length;
   let sum = 0;
   for (const cluster of clusters(text)) sum += clusterWidth(cluster);
@@ -104,14 +81,8 @@ export function width(text: string): number {
 }
 
 /**
- * `text` cut to at most `max` columns, keeping its start: whole grapheme
- * clusters, then "…" (one column) if anything was cut. A wide character
- * that would straddle the edge goes whole, so the result may be a column
- * narrower than `max`.
- *
- * @param text A printable text.
- * @param max The columns it may take; 0 or less gives "".
- * @returns `text` itself if it fits, else its start and "…".
+ * `text` cut to at most `max` columns (0 or less: ""), keeping its start
+ * and ending in "…"; a wide character that would straddle the edge goes.
  *
  * @example Cut at the end, never inside a character
  * ```ts
@@ -137,15 +108,8 @@ export function cutEnd(text: string, max: number): string {
 }
 
 /**
- * `text` cut to at most `max` columns, keeping its end: "…" (one column)
- * if anything was cut, then whole grapheme clusters. For a path, whose
- * end names the lock: "…/state/run.lock". A wide character that would
- * straddle the edge goes whole, so the result may be a column narrower
- * than `max`.
- *
- * @param text A printable text.
- * @param max The columns it may take; 0 or less gives "".
- * @returns `text` itself if it fits, else "…" and its end.
+ * `text` cut as {@linkcode cutEnd} does, but keeping its end: for a path,
+ * whose end names the lock.
  *
  * @example Cut at the start, keeping the file name
  * ```ts
@@ -171,19 +135,12 @@ export function cutStart(text: string, max: number): string {
 }
 
 /**
- * `text` broken into lines of at most `max` columns where it has spaces,
- * as runlock's messages are printed on a terminal. Each line of `text` is
- * broken on its own; the lines a break makes start with that line's own
- * indent and two spaces more, so they read as its continuation. What is
- * meant to be copied is never broken: a line indented by two spaces or
- * more (a command, SQL), and a quoted span (`'…'`, `"…"`, or a command in
- * backquotes; SQL's `""` and a backslash escape close nothing, a `'` after
- * a letter opens nothing, one before a letter closes nothing: "it's",
- * "users'"). A word wider than `max` goes whole on a line of its own.
- *
- * @param text A printable text, lines separated by "\n".
- * @param max The columns a line may take.
- * @returns `text`, each line that was wider than `max` broken.
+ * `text` broken at spaces into lines of at most `max` columns, as messages
+ * are printed on a terminal; a continuation is indented two spaces more.
+ * What is meant to be copied is never broken: a line indented by two
+ * spaces (a command, SQL), and a quoted span (`'…'`, `"…"`, backquotes;
+ * SQL's `""` and a backslash escape close nothing, and an apostrophe in
+ * "it's" or "users'" is no quote). A word wider than `max` stays whole.
  *
  * @example A long message in two lines
  * ```ts
@@ -200,7 +157,6 @@ export function wrap(text: string, max: number): string {
   return text.split("\n").map((line) => wrapLine(line, max)).join("\n");
 }
 
-/** One line of {@linkcode wrap}. */
 function wrapLine(line: string, max: number): string {
   if (width(line) <= max || line.startsWith("  ")) return line;
   const indent = line.startsWith(" ") ? " " : "";
@@ -223,14 +179,10 @@ function wrapLine(line: string, max: number): string {
   return lines.join("\n");
 }
 
-/** Whether `c` is a letter or a digit (of any script). */
 const isWordChar = (c: string | undefined) =>
   c !== undefined && /[\p{L}\p{N}]/u.test(c);
 
-/**
- * The words of `line`, split at the spaces outside quoted spans (see
- * {@linkcode wrap}). A quote never closed quotes nothing.
- */
+/** `line` split at the spaces outside quoted spans (closed ones). */
 function words(line: string): string[] {
   const out: string[] = [];
   let start = 0;
@@ -256,8 +208,8 @@ function words(line: string): string[] {
 }
 
 /**
- * Where the quote `quote` opened before `from` closes, or -1. In bash's
- * `$'…'` (`ansi`), as in `"…"`, a backslash escapes the next character.
+ * Where the quote opened before `from` closes, or -1. In bash's `$'…'`
+ * (`ansi`), as in `"…"`, a backslash escapes the next character.
  */
 function closing(
   line: string,

@@ -8,25 +8,24 @@
 import { process } from "../_process.ts";
 import { redact } from "../_redact.ts";
 import { parse, UsageError } from "./_args.ts";
-import { databaseUrl, postgres, SCHEMA_VARIABLE } from "./_backend.ts";
 import type { Command } from "./_help.ts";
 import type { CliIo } from "./_io.ts";
 import { envValue } from "./_permissions.ts";
+import {
+  databaseUrl,
+  DB_OPTIONS,
+  postgres,
+  SCHEMA_VARIABLE,
+} from "./_postgres.ts";
 
-/**
- * `db-setup`: the SQL that creates the PostgreSQL backend's table once,
- * with the grants the URL's role needs (pgSetupSql). Connects to nothing:
- * the URL only names the role.
- */
 async function dbSetup(args: string[], io: CliIo): Promise<number> {
-  const { options, rest } = parse(args, { db: "value", schema: "value" });
+  const { options, rest } = parse(args, DB_OPTIONS);
   if (rest.length > 0) {
     throw new UsageError(
       `db-setup: unexpected argument '${redact(rest[0])}'`,
     );
   }
-  // The schema the other commands use: --schema, else the variable (here
-  // without a URL too: the URL only names the role).
+  // The schema, read here without a URL too: the URL only names the role.
   const given = options.get("schema");
   options.delete("schema");
   const schema = typeof given === "string"
@@ -37,9 +36,8 @@ async function dbSetup(args: string[], io: CliIo): Promise<number> {
   if (url !== undefined) {
     let user = "";
     try {
-      // The role the client connects as, as node-postgres works it out:
-      // `?user=`, the URL's user, PGUSER, then the login name; an empty
-      // host (`postgres://app@/db`) is the client's too.
+      // The role as node-postgres works it out: `?user=`, the URL's user,
+      // PGUSER, then the login name; an empty host is allowed.
       let u: URL;
       try {
         u = new URL(url.text);
@@ -67,10 +65,9 @@ async function dbSetup(args: string[], io: CliIo): Promise<number> {
     const message = (err as Error).message;
     throw new UsageError(
       `db-setup: ${
-        typeof given === "string" ? message : message.replace(
-          "'schema'",
-          SCHEMA_VARIABLE,
-        )
+        typeof given === "string"
+          ? message
+          : message.replace("'schema'", SCHEMA_VARIABLE)
       }`,
     );
   }
@@ -78,7 +75,6 @@ async function dbSetup(args: string[], io: CliIo): Promise<number> {
   return 0;
 }
 
-/** `runlock db-setup [--db=URL] [--schema=NAME]`. */
 export const dbSetupCommand: Command = {
   name: "db-setup",
   usage: "runlock db-setup [--db=URL] [--schema=NAME]",

@@ -8,18 +8,9 @@
 
 import { statSync } from "node:fs";
 import { process } from "../_process.ts";
-import { redact } from "../_redact.ts";
 import { scan, type Skipped, watch } from "../../mod.ts";
 import { onePath, parse, UsageError } from "./_args.ts";
-import {
-  databaseUrl,
-  DB_OPTIONS,
-  hostHere,
-  openLocks,
-  pgInfo,
-  postgres,
-  type Url,
-} from "./_backend.ts";
+import type { LockChange } from "../contract.ts";
 import {
   alignRows,
   type Info,
@@ -36,11 +27,17 @@ import {
   follow,
   jsonSink,
   lineSink,
-  type LiveChange,
   LiveTable,
   type Sink,
   stdoutScreen,
 } from "./_live.ts";
+import {
+  databaseUrl,
+  DB_OPTIONS,
+  openLocks,
+  pgInfo,
+  type Url,
+} from "./_postgres.ts";
 import { signalNumber } from "./_signals.ts";
 
 /** How often `ls --watch --db` polls pg_locks by default (ms). */
@@ -58,11 +55,9 @@ interface Request {
   url: Url | undefined;
   /** The directory, or the name prefix (`""`: every name) with `--db`. */
   where: string;
-  /** `--interval` (ms), for `--watch --db`. */
   interval: number;
 }
 
-/** Reads ls's command line; every mistake is a UsageError. */
 function request(args: string[]): Request {
   const { options, rest } = parse(args, {
     json: "flag",
@@ -72,9 +67,8 @@ function request(args: string[]): Request {
     ...DB_OPTIONS,
   }, "ls");
   const watching = options.has("watch");
-  // Only --db: RUNLOCK_DATABASE_URL would turn `ls DIR` into a listing of
-  // a database for whoever has it set for run and status.
-  // Its schema: --schema, else RUNLOCK_DATABASE_SCHEMA.
+  // Only --db: RUNLOCK_DATABASE_URL, set for run and status, would turn
+  // `ls DIR` into a listing of a database.
   if (options.has("schema") && !options.has("db")) {
     throw new UsageError(
       "ls: option '--schema' is the PostgreSQL backend's: it needs --db=URL",
@@ -92,32 +86,21 @@ function request(args: string[]): Request {
       "ls: option '--interval' is for --db (PostgreSQL, polled): lock files are watched, not polled",
     );
   }
-  let interval = INTERVAL_MS;
-  if (typeof given === "string") {
-    interval = Number(given);
-    if (
-      !/^\d+$/.test(given) || interval < INTERVAL_MIN || interval > INTERVAL_MAX
-    ) {
-      throw new UsageError(
-        `option '--interval' must be a whole number of milliseconds from ${INTERVAL_MIN} to ${INTERVAL_MAX}: current value is '${given}'`,
-      );
-    }
+  const interval = typeof given === "string" ? Number(given) : INTERVAL_MS;
+  if (
+    typeof given === "string" &&
+    (!/^\d+$/.test(given) || interval < INTERVAL_MIN || interval > INTERVAL_MAX)
+  ) {
+    throw new UsageError(
+      `option '--interval' must be a whole number of milliseconds from ${INTERVAL_MIN} to ${INTERVAL_MAX}: current value is '${given}'`,
+    );
   }
   if (url !== undefined && options.has("recursive")) {
     throw new UsageError(
       "ls: option '--recursive' is for directories: with --db, a prefix (sync/) lists every name that starts with it",
     );
   }
-  let where: string;
-  if (url === undefined) {
-    where = onePath(rest, "ls", "<dir>");
-  } else {
-    const names = rest[0] === "--" ? rest.slice(1) : rest;
-    if (names.length > 1) {
-      throw new UsageError(`ls: unexpected argument '${redact(names[1])}'`);
-    }
-    where = names[0] ?? "";
-  }
+  const where = onePath(rest, "ls", url === undefined ? "<dir>" : "");
   return {
     json: options.has("json"),
     recursive: options.has("recursive"),
@@ -135,8 +118,6 @@ function kindOf(dir: string): "directory" | "other" | "missing" {
   } catch (err) {
     const code = (err as { code?: string }).code;
     if (code === "ENOENT") return "missing";
-    // A path through a file, or a symlink loop: said in runlock's words,
-    // the path alone quoted.
     const why = code === "ENOTDIR"
       ? "a parent of the path is not a directory"
       : code === "ELOOP"
@@ -149,15 +130,7 @@ function kindOf(dir: string): "directory" | "other" | "missing" {
   }
 }
 
-/**
- * Opens the database of `url`, in its schema; a URL that is not
- * postgres:// (or a schema that is no name) is usage.
- */
-async function database(url: Url) {
-  return openLocks(await postgres(), url);
-}
-
-/** Prints `found` as `runlock ls` does: a JSON array, or aligned lines. */
+/** `found` as a JSON array, or aligned lines. */
 function print(found: Info[], json: boolean, io: CliIo): void {
   if (json) {
     io.out(JSON.stringify(found.map(toJson)));
@@ -181,7 +154,6 @@ async function ls(args: string[], io: CliIo): Promise<number> {
       throw new Error(`ls: ${printable(req.where)} is not a directory`);
     }
     if (req.watch) {
-      // watch() needs the directory: it watches it, and ends when it goes.
       if (kind === "missing") {
         throw new Error(
           `ls: ${printable(req.where)} does not exist: nothing to watch`,
@@ -189,9 +161,7 @@ async function ls(args: string[], io: CliIo): Promise<number> {
       }
       return await live(req, io);
     }
-    // A directory that does not exist is an error (exit 2), as for ls(1)
-    // and ls --watch: most often a typo, which an empty answer would hide
-    // (scan(), for a program, still answers [] for it).
+    // An error, as for ls(1): an empty answer would hide a typo.
     if (kind === "missing") {
       throw new Error(`ls: ${printable(req.where)} does not exist`);
     }
@@ -202,7 +172,6 @@ async function ls(args: string[], io: CliIo): Promise<number> {
     });
     print(found, req.json, io);
     for (const s of skipped) io.err(skipLine(s));
-    // Said on stderr, for a person: stdout stays one line per lock (none).
     if (found.length === 0 && !req.json) {
       io.err(
         `runlock: ls: no locks in ${printable(req.where)}${
@@ -213,18 +182,17 @@ async function ls(args: string[], io: CliIo): Promise<number> {
     return 0;
   }
   if (req.watch) return await live(req, io);
-  const locks = await database(req.url);
+  const locks = await openLocks(req.url);
   try {
-    const here = hostHere();
     const found = await locks.scan({ prefix: req.where });
-    print(found.map((i) => pgInfo(i, here)), req.json, io);
+    print(found.map(pgInfo()), req.json, io);
     return 0;
   } finally {
     await locks.end();
   }
 }
 
-/** What ls says on stderr of an entry scan() or watch() left out. */
+/** What ls says of an entry scan() or watch() left out. */
 function skipLine(s: Skipped): string {
   const why = s.reason === "temp name"
     ? "named like runlock's temp files (.NAME.<16 hex digits>.tmp: litter, or a lock being taken), so not read; if it is a lock, runlock status names its holder"
@@ -246,10 +214,8 @@ function titleOf(req: Request): string {
 }
 
 /**
- * `ls --watch`: the changes, shown as a live table on a terminal (stdout
- * a terminal, the default output, TERM not "dumb"), else as JSON lines
- * (`--json`) or plain lines, until a signal (exit 128 + N) or a reader
- * gone (exit 0).
+ * `ls --watch`: a live table on a terminal, else JSON lines or plain
+ * lines, until a signal (exit 128 + N) or a reader gone (exit 0).
  */
 async function live(req: Request, io: CliIo): Promise<number> {
   const stop = new AbortController();
@@ -267,11 +233,10 @@ async function live(req: Request, io: CliIo): Promise<number> {
     (req.json ? jsonSink(io, stop) : lineSink(io, stop));
   const undo = endings(stop, table, ours);
   let end: (() => Promise<void>) | undefined;
-  // Said on stderr as seen; under the live table, once it is gone (a line
-  // written under it would be drawn over).
+  // Under the live table, said once it is gone: it would draw over them.
   const skipped: Skipped[] = [];
   try {
-    let changes: AsyncIterable<LiveChange[]>;
+    let changes: AsyncIterable<LockChange<Info>[]>;
     if (req.url === undefined) {
       changes = watch(req.where, {
         recursive: req.recursive,
@@ -279,9 +244,9 @@ async function live(req: Request, io: CliIo): Promise<number> {
         onSkip: (s) => table ? skipped.push(s) : io.err(skipLine(s)),
       });
     } else {
-      const locks = await database(req.url);
+      const locks = await openLocks(req.url);
       end = () => locks.end();
-      const here = hostHere();
+      const info = pgInfo();
       const polled = locks.watch({
         prefix: req.where,
         interval: req.interval,
@@ -292,7 +257,7 @@ async function live(req: Request, io: CliIo): Promise<number> {
           yield batch.map((c) => ({
             path: c.path,
             kind: c.kind,
-            inspection: pgInfo(c.inspection, here),
+            inspection: info(c.inspection),
           }));
         }
       })();
@@ -307,8 +272,6 @@ async function live(req: Request, io: CliIo): Promise<number> {
   }
   const reason = stop.signal.reason;
   if (reason === "done" && req.url === undefined) {
-    // The watch of a directory ends after the batch that reports the end
-    // of its runs when the directory is removed or moved away.
     io.err(
       `runlock: ls: ${
         printable(req.where)
@@ -322,7 +285,6 @@ async function live(req: Request, io: CliIo): Promise<number> {
   throw reason;
 }
 
-/** `runlock ls [--watch] [--json] [--recursive] [--db=URL [--schema=NAME]] [--] <dir>`. */
 export const lsCommand: Command = {
   name: "ls",
   usage: `runlock ls [--json] [--recursive] [--] <dir>

@@ -7,27 +7,17 @@
 
 import { type ChildProcess, spawn } from "node:child_process";
 import { accessSync, constants as fsConstants, statSync } from "node:fs";
+import type { HeldLock } from "../contract.ts";
 import { process } from "../_process.ts";
 import { redact } from "../_redact.ts";
 import { metaOptions, parse, seconds, UsageError } from "./_args.ts";
-import {
-  type Backend,
-  backend,
-  databaseUrl,
-  DB_HELP,
-  DB_OPTIONS,
-} from "./_backend.ts";
-import type { HeldLock } from "../contract.ts";
-import { clip, printable, printableErrors } from "./_format.ts";
-import {
-  handNumbers,
-  lockDescriptor,
-  nameChild,
-  type Numbers,
-} from "./_hand_on.ts";
+import { type Backend, backend } from "./_backend.ts";
+import { clip, escape, printable, printableErrors } from "./_format.ts";
+import { handedOn, lockDescriptor, nameChild } from "./_hand_on.ts";
 import type { Command } from "./_help.ts";
 import { type CliIo, Progress } from "./_io.ts";
 import { envValue } from "./_permissions.ts";
+import { databaseUrl, DB_HELP, DB_OPTIONS } from "./_postgres.ts";
 import {
   HANDLED,
   HARMLESS,
@@ -36,16 +26,14 @@ import {
   STOPS,
 } from "./_signals.ts";
 
-/**
- * The descriptor number the command gets the lock's descriptor at, unless
- * runlock was given one there itself (see handNumbers).
- */
-const HANDED_FD = 9;
+/** The exit code when another run holds the lock (EX_TEMPFAIL). */
+const EX_TEMPFAIL = 75;
+/** The longest command line `run` records as `meta.cmd`, in characters. */
+const CMD_MAX = 200;
 
 /**
- * `name` as execvp(3) finds it: itself when it has a `/`, else the first
- * executable file of that name in PATH (an empty entry is the working
- * directory), else `name` (sh then says it is not found).
+ * `name` as execvp(3) finds it in PATH (an empty entry is the working
+ * directory), else `name` itself.
  */
 function onPath(name: string): string {
   if (name.includes("/")) return name;
@@ -62,68 +50,22 @@ function onPath(name: string): string {
   return name;
 }
 
-/**
- * The command's descriptors: runlock's stdio, the lock's at `n.at`, the
- * flocked descriptors runlock was given at their own numbers, nothing
- * else (a descriptor runlock itself inherited elsewhere is left alone
- * where the runtime passes them on).
- */
-function handedOn(fd: number, n: Numbers): ("inherit" | "ignore" | number)[] {
-  const stdio: ("inherit" | "ignore" | number)[] = [
-    "inherit",
-    "inherit",
-    "inherit",
-  ];
-  const last = Math.max(n.at, ...n.keep);
-  while (stdio.length <= last) stdio.push("ignore");
-  for (const kept of n.keep) stdio[kept] = kept;
-  stdio[n.at] = fd;
-  return stdio;
-}
-
-/** The exit code when another run holds the lock (EX_TEMPFAIL). */
-const EX_TEMPFAIL = 75;
-/** The longest command line `run` records as `meta.cmd`, in characters. */
-const CMD_MAX = 200;
-/** How often `run --wait` looks at the holder for the waiting line (ms). */
-const PROGRESS_MS = 500;
-
 /** Characters sh takes literally in a word. */
 const PLAIN_WORD = /^[A-Za-z0-9_@%+=:,./-]+$/;
+/** What would break the record's one-line value. */
+// deno-lint-ignore no-control-regex -- control characters are the point
+const LINE_BREAKING = /[\x00-\x1f\x7f\x85\u2028\u2029]/;
 
 /** One argument, quoted so that sh reads it back as it was. */
 function shellWord(arg: string, first: boolean): string {
   // In the first word, "a=b" would be an assignment.
   if (PLAIN_WORD.test(arg) && !(first && arg.includes("="))) return arg;
-  // Control characters and line separators (a newline above all) would
-  // break the record's one-line value: $'...' (bash, ksh, zsh, POSIX.1-2024
-  // sh) spells them with escapes.
-  // deno-lint-ignore no-control-regex -- control characters are the point
-  const special = /[\\'\x00-\x1f\x7f\x85\u2028\u2029]/g;
-  // deno-lint-ignore no-control-regex -- control characters are the point
-  if (/[\x00-\x1f\x7f\x85\u2028\u2029]/.test(arg)) {
-    const escaped = arg.replace(special, (c) => {
-      const named: Record<string, string> = {
-        "\\": "\\\\",
-        "'": "\\'",
-        "\n": "\\n",
-        "\r": "\\r",
-        "\t": "\\t",
-      };
-      const code = c.charCodeAt(0);
-      return named[c] ??
-        (code < 0x80
-          ? `\\x${code.toString(16).padStart(2, "0")}`
-          : `\\u${code.toString(16).padStart(4, "0")}`);
-    });
-    return `$'${escaped}'`;
+  if (LINE_BREAKING.test(arg)) {
+    // $'...' (bash, ksh, zsh, POSIX.1-2024 sh) spells them with escapes.
+    // deno-lint-ignore no-control-regex -- control characters are the point
+    return `$'${arg.replace(/[\\'\x00-\x1f\x7f\x85\u2028\u2029]/g, escape)}'`;
   }
   return `'${arg.replaceAll("'", `'\\''`)}'`;
-}
-
-/** The command line as `meta.cmd`: quoted for sh, cut to CMD_MAX. */
-function commandLine(argv: string[]): string {
-  return clip(argv.map((a, i) => shellWord(a, i === 0)).join(" "), CMD_MAX);
 }
 
 async function run(args: string[], io: CliIo): Promise<number> {
@@ -143,15 +85,13 @@ async function run(args: string[], io: CliIo): Promise<number> {
         `write --wait=${n} for ${n} seconds (or ./${n} for a file named so)`,
     );
   }
-  // `run [options] [--] <path> -- <command>`: a first `--` ends the options,
-  // so that a path may start with "-".
+  // A first `--` ends the options, so that a path may start with "-".
   const rest = afterOptions[0] === "--" ? afterOptions.slice(1) : afterOptions;
   if (rest.length === 0 || rest[0] === "--") {
     throw new UsageError("run: missing <path>");
   }
   if (afterOptions[0] === "--" && !rest.includes("--")) {
-    // `run -- ./sync.sh`: the one `--` is the command's, so the path is
-    // missing (taking ./sync.sh for the path would then ask for a '--').
+    // `run -- ./sync.sh`: the one `--` is the command's.
     throw new UsageError(
       `run: missing <path> before '--': runlock run <path> -- ${
         redact(rest[0])
@@ -193,21 +133,20 @@ async function run(args: string[], io: CliIo): Promise<number> {
     : waitFor === true
     ? Infinity
     : seconds("wait", waitFor)! * 1000;
-  // What the run is, in the record: the command line (unless --no-cmd),
-  // then the --meta fields (so that --meta cmd=... replaces it).
+  // --meta after the command line, so that --meta cmd=... replaces it.
+  const cmd = command.map((a, i) => shellWord(a, i === 0)).join(" ");
   const meta = {
-    ...(options.has("no-cmd") ? {} : { cmd: commandLine(command) }),
+    ...(options.has("no-cmd") ? {} : { cmd: clip(cmd, CMD_MAX) }),
     ...metaOptions(lists.get("meta") ?? []),
   };
   const url = databaseUrl(options);
 
-  // One listener for every catchable signal, for the whole run, so that no
-  // signal meets its default action (death, and the kernel drops the lock
-  // while the command runs on without it). Before the command starts, a
-  // signal whose default is to terminate stops the wait and runs nothing;
-  // once it runs, every signal goes to the command's process group, and
-  // runlock lives until the command exits, whatever it does with them.
+  // Every catchable signal is listened to for the whole run: at its
+  // default action runlock would die and the kernel drop the lock while
+  // the command runs on. Before the command starts, one that would
+  // terminate ends the wait; once it runs, each goes to its process group.
   const stop = new AbortController();
+  const stopped = () => 128 + signalNumber(String(stop.signal.reason));
   let child: ChildProcess | undefined;
   let exited = false;
   const running = () => child?.pid !== undefined && !exited;
@@ -227,8 +166,7 @@ async function run(args: string[], io: CliIo): Promise<number> {
       process.on(s, onSignal);
       listening.push(s);
     } catch {
-      // A runtime that refuses a signal (none of Deno, Node and Bun does
-      // for this list on Linux) leaves it at its default action.
+      // A runtime that refuses a signal leaves it at its default action.
     }
   }
   let locks: Backend | undefined;
@@ -240,12 +178,8 @@ async function run(args: string[], io: CliIo): Promise<number> {
       signal: stop.signal,
       meta,
     }, io);
-    if (typeof lock === "string") {
-      if (lock === "held") return conflict;
-      return 128 + signalNumber(String(stop.signal.reason));
-    }
-    // Loss of the lock while the command runs: said at once, once; the
-    // command goes on (the default), or gets SIGTERM (--on-lost=term).
+    if (lock === "held") return conflict;
+    if (lock === "stopped") return stopped();
     let reported = false;
     const report = (reason: unknown, late: boolean) => {
       if (reported) return;
@@ -266,27 +200,24 @@ async function run(args: string[], io: CliIo): Promise<number> {
       report(lock.signal.reason, false);
       if (onLost === "term" && running()) signalGroup(child!.pid!, "SIGTERM");
     };
+    const cannotRun = (err: Error & { code?: string }) => {
+      io.err(
+        `runlock: cannot run '${printable(command[0])}': ${
+          whyNotStarted(command[0], err)
+        }`,
+      );
+      return err.code === "ENOENT" ? 127 : 126;
+    };
     try {
-      if (stop.signal.aborted) {
-        return 128 + signalNumber(String(stop.signal.reason));
-      }
-      // detached: the command runs in a session and process group of its
-      // own (setsid), as under dumb-init. The terminal then signals only
-      // runlock, which forwards each signal once to the command's group:
-      // one Ctrl-C is one SIGINT (in runlock's group the command got the
-      // terminal's and runlock's), and a signal sent to runlock alone (cron,
-      // systemd, kill PID) reaches the command the same way. The price: the
-      // command has no controlling terminal (it still reads and writes the
-      // terminal through its stdio, but cannot open /dev/tty).
-      // The lock's descriptor goes to the command as its fd 9
-      // (HANDED_FD), as flock(1) hands on its own: if runlock itself dies
-      // (SIGKILL, the OOM killer), the kernel keeps the flock for as long
-      // as the command, or what it started with the descriptor open,
-      // lives, and the next run is refused meanwhile (PROTOCOL.md,
-      // "Handing the lock to a command"). Not fd 3, which tools write to
-      // as their own (bats): a write there would land in the record.
-      // A PostgreSQL lock is runlock's database session, which cannot be
-      // handed on.
+      if (stop.signal.aborted) return stopped();
+      // detached (setsid), as under dumb-init: the terminal signals only
+      // runlock, which forwards each signal once to the command's group
+      // (one Ctrl-C is one SIGINT), as it does one sent to runlock alone
+      // (cron, systemd). The price: the command cannot open /dev/tty.
+      // The lock's descriptor goes to the command as its fd 9, as flock(1)
+      // hands on its own, so that the flock outlives a SIGKILLed runlock
+      // (PROTOCOL.md, "Handing the lock to a command"). Not fd 3, which
+      // tools write to as their own (bats): that would land in the record.
       const fd = lockDescriptor(lock);
       if (fd === null) {
         io.err(
@@ -296,26 +227,18 @@ async function run(args: string[], io: CliIo): Promise<number> {
         );
       }
       const options = {
-        stdio: fd === undefined || fd === null
-          ? "inherit" as const
-          : handedOn(fd, handNumbers(HANDED_FD, fd)),
+        stdio: typeof fd === "number" ? handedOn(fd, 9) : "inherit" as const,
         detached: true,
       };
       let started: ChildProcess;
       try {
         started = spawn(command[0], command.slice(1), options);
       } catch (err) {
-        // Bun throws what Node and Deno report as an "error" event, and a
-        // file the kernel cannot execute (ENOEXEC: a script without #!)
-        // is not run by sh there, as execvp(3) runs it for them.
-        const error = err as Error & { code?: string };
-        if (error.code !== "ENOEXEC") {
-          io.err(
-            `runlock: cannot run '${printable(command[0])}': ${
-              whyNotStarted(command[0], error)
-            }`,
-          );
-          return error.code === "ENOENT" ? 127 : 126;
+        // Bun throws what Node and Deno report as an "error" event, and
+        // does not run a script without #! (ENOEXEC) with sh as execvp(3)
+        // does.
+        if ((err as { code?: string }).code !== "ENOEXEC") {
+          return cannotRun(err as Error);
         }
         started = spawn(
           "/bin/sh",
@@ -337,14 +260,9 @@ async function run(args: string[], io: CliIo): Promise<number> {
       if (lock.signal.aborted) onAbort();
       else lock.signal.addEventListener("abort", onAbort, { once: true });
       return await new Promise<number>((resolve) => {
-        started.on("error", (err: Error & { code?: string }) => {
+        started.on("error", (err) => {
           exited = true;
-          io.err(
-            `runlock: cannot run '${printable(command[0])}': ${
-              whyNotStarted(command[0], err)
-            }`,
-          );
-          resolve(err.code === "ENOENT" ? 127 : 126);
+          resolve(cannotRun(err));
         });
         started.on("exit", (status, signal) => {
           exited = true;
@@ -353,8 +271,8 @@ async function run(args: string[], io: CliIo): Promise<number> {
       });
     } finally {
       lock.signal.removeEventListener("abort", onAbort);
-      // The command has ended: what still holds the flock (a daemon it
-      // started with fd 9 open) is no run, and a watch is told so.
+      // What still holds the flock now (a daemon it started with fd 9
+      // open) is no run, and a watch is told so.
       if (child?.pid !== undefined) nameChild(lock, 0);
       await release(lock, (err) => report(err, true));
     }
@@ -364,10 +282,19 @@ async function run(args: string[], io: CliIo): Promise<number> {
   }
 }
 
+/** Releases `lock`; a loss it finds is said, the exit code the command's. */
+async function release(lock: HeldLock, lost: (err: Error) => void) {
+  try {
+    await lock.release();
+  } catch (err) {
+    if ((err as Error)?.name !== "LockLostError") throw err;
+    lost(err as Error);
+  }
+}
+
 /**
- * Why the command could not be started, in the shell's words ("command
- * not found", "permission denied"), not the runtime's (`spawn x ENOENT`,
- * which differs between Deno, Node and Bun).
+ * Why the command could not be started, in the shell's words, not the
+ * runtime's (`spawn x ENOENT`, which differs between runtimes).
  */
 function whyNotStarted(
   command: string,
@@ -375,7 +302,6 @@ function whyNotStarted(
 ): string {
   switch (err.code) {
     case "ENOENT":
-      // A name is looked up in PATH; a path is not (as sh says them).
       return command.includes("/")
         ? "no such file or directory"
         : "command not found";
@@ -387,7 +313,6 @@ function whyNotStarted(
     case "EISDIR":
       return "is a directory";
     default:
-      // Whatever else the runtime says, without its "spawn CMD " prefix.
       return printable(
         err.message.replace(/^spawn(Sync)? \S+ /, "") || String(err.code),
       );
@@ -395,25 +320,8 @@ function whyNotStarted(
 }
 
 /**
- * Releases `run`'s lock. A loss that release() finds (it throws
- * LockLostError once) goes to `lost`: the exit code stays the command's.
- */
-async function release(
-  lock: HeldLock,
-  lost: (err: Error) => void,
-): Promise<void> {
-  try {
-    await lock.release();
-  } catch (err) {
-    if ((err as Error)?.name !== "LockLostError") throw err;
-    lost(err as Error);
-  }
-}
-
-/**
- * Takes the lock for `run`, drawing the waiting line on a terminal while
- * another run holds it. Returns the lock, or "held" when another run holds
- * it (said on stderr), or "stopped" when a signal ended the wait.
+ * Takes the lock, drawing the waiting line on a terminal meanwhile.
+ * "held": another run holds it (said on stderr); "stopped": a signal.
  */
 async function take(
   locks: Backend,
@@ -430,12 +338,11 @@ async function take(
   if (progress.enabled && options.timeout > 0) {
     const tick = () => {
       locks.inspect(name).then((info) => {
-        // Our own record, once acquire has taken the lock, is not a holder
-        // to wait for.
+        // Not our own record, once acquire has taken the lock.
         if (info.pid !== process.pid) progress.update(info);
       }, () => {});
     };
-    ticker = setInterval(tick, PROGRESS_MS);
+    ticker = setInterval(tick, 500);
     tick();
   }
   try {
@@ -454,9 +361,6 @@ async function take(
   }
 }
 
-/**
- * `runlock run [options] [--] <path|name> -- <command> [args...]`.
- */
 export const runCommand: Command = {
   name: "run",
   usage:

@@ -6,7 +6,7 @@
  */
 
 import { onePath, parse } from "./_args.ts";
-import { backend, databaseUrl, DB_HELP, DB_OPTIONS } from "./_backend.ts";
+import { backend } from "./_backend.ts";
 import {
   describeState,
   pidWarning,
@@ -16,6 +16,7 @@ import {
 } from "./_format.ts";
 import type { Command } from "./_help.ts";
 import type { CliIo } from "./_io.ts";
+import { databaseUrl, DB_HELP, DB_OPTIONS } from "./_postgres.ts";
 
 async function status(args: string[], io: CliIo): Promise<number> {
   const { options, rest } = parse(
@@ -48,7 +49,6 @@ async function status(args: string[], io: CliIo): Promise<number> {
   }
 }
 
-/** `runlock status [--json] [--db=URL [--schema=NAME]] [--] <path|name>`. */
 export const statusCommand: Command = {
   name: "status",
   usage: "runlock status [--json] [--db=URL [--schema=NAME]] [--] <path|name>",

@@ -5,10 +5,11 @@
  */
 
 import { onePath, parse, seconds } from "./_args.ts";
-import { backend, databaseUrl, DB_HELP, DB_OPTIONS } from "./_backend.ts";
+import { backend } from "./_backend.ts";
 import { describeState, printable, printableErrors } from "./_format.ts";
 import type { Command } from "./_help.ts";
 import { type CliIo, Progress } from "./_io.ts";
+import { databaseUrl, DB_HELP, DB_OPTIONS } from "./_postgres.ts";
 
 async function wait(args: string[], io: CliIo): Promise<number> {
   const { options, rest } = parse(
@@ -52,8 +53,6 @@ async function wait(args: string[], io: CliIo): Promise<number> {
   }
 }
 
-/** `runlock wait [--timeout=SECONDS] [--db=URL [--schema=NAME]]
-            [--] <path|name>`. */
 export const waitCommand: Command = {
   name: "wait",
   usage:
