@@ -1,16 +1,10 @@
 /**
- * Pinned directories and open files through libc, for each runtime that
- * binds it (`_libc_deno.ts`, `_libc_node.ts`; Linux x86-64 and arm64):
- * every entry named relative to the directory's descriptor with the
- * `*at()` calls, every file call on the file's descriptor, and the answers
- * the protocol expects (ENOENT, EEXIST, EWOULDBLOCK) returned as values.
- * No runtime API here: each runtime's binding is a {@linkcode Libc}.
- *
- * Why: neither Deno's ops nor `node:fs` have `*at()` calls, so a directory
- * could be pinned only by a path (its canonical one, or
- * `/proc/self/fd/N/<name>`, whose walk leaves the kernel's lock-free path
- * lookup); Deno's have no `O_NOFOLLOW` and no `O_NONBLOCK`; and both throw
- * for each ENOENT and EEXIST that the protocol expects.
+ * Pinned directories and open files through libc, for each runtime's
+ * binding (a {@linkcode Libc}): entries named relative to the directory's
+ * descriptor, and ENOENT, EEXIST and EWOULDBLOCK returned as values. Why:
+ * neither Deno's ops nor `node:fs` have `*at()` calls, Deno's have no
+ * `O_NOFOLLOW` or `O_NONBLOCK`, and both throw for each ENOENT and EEXIST
+ * the protocol expects.
  *
  * @module
  */
@@ -18,9 +12,8 @@
 import { type Dir, type FileInfo, type Handle, SysError } from "./types.ts";
 
 /**
- * One runtime's binding of libc: the calls, with libc's conventions (-1,
- * or a negative count, on failure; then {@linkcode Libc.errno} tells why),
- * and what differs between the runtimes.
+ * One runtime's binding of libc, with libc's conventions (a negative result
+ * on failure; then {@linkcode Libc.errno} tells why).
  */
 export interface Libc {
   openat(dirfd: number, path: string, flags: number, mode: number): number;
@@ -44,29 +37,25 @@ export interface Libc {
   statInfo(): FileInfo;
   /** Whether the last successful `fstatat`/`fstat` found a regular file. */
   statIsFile(): boolean;
-  /** The error for a failed `syscall` on `path`, worded as the runtime words one. */
+  /** A failed `syscall` on `path`, worded as the runtime words one. */
   error(errno: number, syscall: string, path: string): SysError;
   /**
-   * The `open(2)` flags, as this OS and CPU number them: `create`
-   * (`O_RDWR|O_CREAT|O_EXCL|O_CLOEXEC`), `existing` (`O_RDONLY|O_NOFOLLOW|
-   * O_NONBLOCK|O_NOCTTY|O_CLOEXEC`: ELOOP on a symlink; a FIFO's open must
-   * not hang; a terminal put at the path never becomes the controlling
-   * terminal of a process without one, a daemon that leads its session)
-   * and `dir` (`O_PATH|O_DIRECTORY|O_CLOEXEC`: needs only search
-   * permission, reads nothing).
+   * `open(2)` flags: `create` (`O_RDWR|O_CREAT|O_EXCL|O_CLOEXEC`),
+   * `existing` (`O_RDONLY|O_NOFOLLOW|O_NONBLOCK|O_NOCTTY|O_CLOEXEC`: ELOOP
+   * on a symlink; a FIFO's open must not hang; a terminal there never
+   * becomes a daemon's controlling terminal), `dir`
+   * (`O_PATH|O_DIRECTORY|O_CLOEXEC`: needs only search permission).
    */
   readonly flags: { create: number; existing: number; dir: number };
   /**
-   * Whether errno may read EAGAIN after a call that failed otherwise: Deno's
-   * signal handler, under a flood of signals, can leave it there between
-   * the failed call and the read of errno (its write to a full pipe
-   * fails). Such a call is made again a few times (see `again`).
+   * Whether errno may read EAGAIN after a call that failed otherwise: under
+   * a flood of signals, Deno's handler's write to a full pipe can leave it
+   * there before errno is read. Such a call is made again (see `again`).
    */
   readonly doubtfulEagain: boolean;
   /**
-   * Whether {@linkcode Handle.closeFirstAtExit} renumbers a descriptor:
-   * where the kernel closes a dying process's files from the highest
-   * descriptor down, and a holder may have an inotify instance open.
+   * Whether {@linkcode Handle.closeFirstAtExit} renumbers: where the kernel
+   * closes from the highest descriptor down and a holder may use inotify.
    */
   readonly renumber: boolean;
 }
@@ -82,7 +71,6 @@ const ENXIO = 6;
 const EAGAIN = 11; // EWOULDBLOCK too
 const EEXIST = 17;
 const EINVAL = 22;
-/** Linux's, the same on x86-64 and arm64 (the only targets here). */
 export const AT_FDCWD = -100;
 export const AT_SYMLINK_NOFOLLOW = 0x100;
 
@@ -90,21 +78,16 @@ export const AT_SYMLINK_NOFOLLOW = 0x100;
 const DOUBTFUL_TRIES = 3;
 
 /**
- * Whether a call that failed with `errno` is to be made again, the
- * `tries`th time: EINTR always; a doubtful EAGAIN a few times (none of the
- * calls made here fails with EAGAIN on a regular file or a directory). A
- * failed call changed nothing, so making it again is safe.
+ * Whether a failed call (which changed nothing) is made again, the
+ * `tries`th time: EINTR always; a doubtful EAGAIN a few times (no call here
+ * fails with EAGAIN on a regular file or a directory).
  */
 function again(l: Libc, errno: number, tries: number): boolean {
   return errno === EINTR ||
     (errno === EAGAIN && l.doubtfulEagain && tries < DOUBTFUL_TRIES);
 }
 
-/**
- * Where a file is, for messages: a directory's path ("" when the name is a
- * whole path), or the pinned directory, whose path may be found only if a
- * message needs it.
- */
+/** For messages: a directory's path ("" for a whole path), or a Dir. */
 type Where = string | { readonly prefix: string };
 
 /** `dir/name` for messages, or `name` when it is a whole path. */
@@ -115,6 +98,29 @@ const named = (dir: Where, name: string) => {
 
 /** One buffer for every read of every runtime (records are at most 4 KiB). */
 export const scratch = new Uint8Array(4097);
+
+/**
+ * `flock(fd, LOCK_NB | (exclusive ? LOCK_EX : LOCK_SH))`, or `LOCK_UN` for
+ * `null`: `false` when it would block. `dir`/`name` are for messages.
+ */
+export function flock(
+  l: Libc,
+  fd: number,
+  exclusive: boolean | null,
+  dir: Where,
+  name: string,
+): boolean {
+  const op = exclusive === null
+    ? LOCK_UN
+    : (exclusive ? LOCK_EX : LOCK_SH) | LOCK_NB;
+  for (;;) {
+    if (l.flock(fd, op) === 0) return true;
+    const errno = l.errno();
+    if (errno === EINTR) continue;
+    if (errno === EAGAIN) return false;
+    throw l.error(errno, "flock", named(dir, name));
+  }
+}
 
 /** An open regular file; `dir` and `name` are only for messages. */
 class FdHandle implements Handle {
@@ -134,27 +140,16 @@ class FdHandle implements Handle {
     return this.#l.error(errno, syscall, named(this.#dir, this.#name));
   }
 
-  #flock(operation: number): boolean {
-    const l = this.#l;
-    for (;;) {
-      if (l.flock(this.#fd, operation) === 0) return true;
-      const errno = l.errno();
-      if (errno === EINTR) continue;
-      if (errno === EAGAIN) return false;
-      throw this.#fail(errno, "flock");
-    }
-  }
-
   fd(): number | undefined {
     return this.#fd >= 0 ? this.#fd : undefined;
   }
 
   tryLock(exclusive: boolean): boolean {
-    return this.#flock((exclusive ? LOCK_EX : LOCK_SH) | LOCK_NB);
+    return flock(this.#l, this.#fd, exclusive, this.#dir, this.#name);
   }
 
   unlock(): void {
-    this.#flock(LOCK_UN);
+    flock(this.#l, this.#fd, null, this.#dir, this.#name);
   }
 
   write(data: Uint8Array): void {
@@ -188,26 +183,14 @@ class FdHandle implements Handle {
   readAll(max: number): Uint8Array {
     const l = this.#l;
     const buf = max <= scratch.length ? scratch : new Uint8Array(max);
-    let len = 0;
     let tries = 0;
-    while (len < max) {
-      const n = l.pread(
-        this.#fd,
-        len === 0 ? buf : buf.subarray(len),
-        max - len,
-        len,
-      );
-      if (n < 0) {
-        const errno = l.errno();
-        if (again(l, errno, ++tries)) continue;
-        throw this.#fail(errno, "read");
-      }
-      if (n === 0) break;
-      len += n;
-      // A regular file reads short only at its end: no second read.
-      if (len < max) break;
+    for (;;) {
+      // One read: a regular file reads short only at its end.
+      const n = l.pread(this.#fd, buf, max, 0);
+      if (n >= 0) return buf.subarray(0, n); // a view: see Handle.readAll
+      const errno = l.errno();
+      if (!again(l, errno, ++tries)) throw this.#fail(errno, "read");
     }
-    return buf.subarray(0, len); // a view: see Handle.readAll
   }
 
   stat(): FileInfo {
@@ -232,14 +215,12 @@ class FdHandle implements Handle {
   closeFirstAtExit(): void {
     const l = this.#l;
     if (!l.renumber || this.#fd < 0) return;
-    // 1024 and up, or 256 and up where the limit of descriptors is lower
-    // (EINVAL); anything else (EMFILE) keeps the descriptor as it is.
+    // 256 and up where 1024 is over the limit (EINVAL); EMFILE keeps it.
     for (const min of [1024, 256]) {
       if (this.#fd >= min) return;
       const high = l.dupfd(this.#fd, min);
       if (high >= 0) {
-        // The flock is the open file's, which `high` keeps open: closing
-        // the old number drops nothing and reports no close to waiters.
+        // `high` keeps the open file (and its flock): no close is seen.
         l.close(this.#fd);
         this.#fd = high;
         return;
@@ -257,9 +238,8 @@ class FdHandle implements Handle {
 }
 
 /**
- * Opens the existing regular file `name` relative to `dirfd` (`dir` names
- * it in messages; {@linkcode AT_FDCWD} and "" for a whole path), as
- * {@linkcode Platform.openExisting} promises.
+ * {@linkcode Platform.openExisting} of `name` relative to `dirfd`
+ * ({@linkcode AT_FDCWD} and `dir` "" for a whole path).
  */
 export function openAt(
   l: Libc,
@@ -275,15 +255,13 @@ export function openAt(
     const errno = l.errno();
     if (again(l, errno, ++tries)) continue;
     if (errno === ENOENT) return "ENOENT";
-    // A UNIX socket cannot be opened: ENXIO. It is not a regular file.
-    if (errno === ENXIO) {
+    if (errno === ENXIO) { // a UNIX socket
       throw new SysError(
         "EFTYPE",
         "open",
         `open '${named(dir, name)}': a socket, or a device without a driver`,
       );
     }
-    // ELOOP for a symlink (O_NOFOLLOW), which is never followed.
     throw l.error(errno, "open", named(dir, name));
   }
   tries = 0;
@@ -321,10 +299,7 @@ export function lstatAt(
   return l.statInfo();
 }
 
-/**
- * Whether `l`'s `fstatat` of `/`, decoded, reads as `theirs` (the
- * runtime's own lstat of it): the struct's layout is the one assumed.
- */
+/** Whether `l`'s decoded `fstatat` of `/` reads as the runtime's lstat. */
 export function agrees(
   l: Libc,
   theirs: () => {
@@ -359,11 +334,9 @@ export function pinDir(l: Libc, path: string): number {
 }
 
 /**
- * A directory pinned by its descriptor (from {@linkcode pinDir}): every
- * entry is named relative to it. `prefix` names it for watches and
- * messages: as given, or found by a function of the descriptor (-1 once
- * closed) when first asked for, which an acquire and release never do;
- * where that finds none (`undefined`), the path as given names it.
+ * A directory pinned by its descriptor ({@linkcode pinDir}). `prefix` is
+ * given, or found on first use by a function of the descriptor (-1 once
+ * closed; `undefined`: the path as given).
  */
 export class FdDir implements Dir {
   readonly byDescriptor = true;

@@ -1,27 +1,16 @@
 /**
- * The close of a lock file's writable descriptor, as an event, for Node and
- * Bun on Linux, where `fs.watch` reports none (libuv's inotify mask): the
- * holder's descriptor is open read-write, so its last close (the kernel's,
- * when the holder dies) is inotify's `IN_CLOSE_WRITE`, microseconds before
- * the flock goes. A waiter's watch is also told of the file's unlink or a
- * rename over it (`IN_ATTRIB`) and its renames (`IN_MOVE_SELF`), every end
- * of a holder's file, so that it needs no `fs.watch` of it; a `watch()`
- * session is told of the close alone.
+ * {@linkcode Platform.watchClose} for Node and Bun, whose `fs.watch` masks
+ * leave out `IN_CLOSE_WRITE`: a holder's last close (the kernel's, when it
+ * dies) comes microseconds before its flock goes.
  *
  * One inotify descriptor per process, one watch per inode, refcounted by
- * its listeners. The descriptor is waited for off the event loop: under
- * koffi by `poll(2)` on a libuv pool thread, bounded, with an eventfd
- * written when the last listener goes and at exit, so that a wait never
- * keeps the process alive; under Bun (no async calls) through a stream of
- * it, which Bun's own event loop reads.
- *
- * Bound on the first wait; elsewhere (not Linux, big-endian, no FFI)
- * {@linkcode watchClose} returns `undefined`.
+ * its listeners, waited for off the event loop: under koffi by a bounded
+ * `poll(2)` on a libuv pool thread, ended by an eventfd when the last
+ * listener goes and at exit; under Bun (no async calls) by a stream of it.
  *
  * @module
  */
 
-import { endianness } from "node:os";
 import { process } from "../_process.ts";
 import { type Inotify, libc } from "./_libc_node.ts";
 import { inNodeWorker } from "./_node.ts";
@@ -36,6 +25,7 @@ import {
   ONE,
   POLL_MS,
   PollFds,
+  tell,
 } from "./_inotify.ts";
 
 /** What every watch asks for: each listener picks its part. */
@@ -72,15 +62,7 @@ const buf = new Uint8Array(4096 + 16 + 256);
 
 let state: State | null | undefined;
 
-/**
- * Calls `onClose` when a descriptor opened for writing on the file at
- * `path` is closed (including by the kernel when its holder dies), until
- * the returned function is called; with `ends`, also when the file loses
- * or gains a name (its unlink, a rename over it: inotify's `IN_ATTRIB`,
- * which a change of its mode or times also is) or is renamed
- * (`IN_MOVE_SELF`). Never keeps the process alive. Returns `undefined`
- * where it cannot watch (the caller polls).
- */
+/** {@linkcode Platform.watchClose}. */
 export function watchClose(
   path: string,
   onClose: () => void,
@@ -88,8 +70,7 @@ export function watchClose(
 ): (() => void) | undefined {
   const s = state === undefined ? (state = setUp()) : state;
   if (s === null) return undefined;
-  // One watch per inode, whoever asks: always the events of every kind of
-  // listener (a second inotify_add_watch replaces the mask).
+  // Every listener's events: a second inotify_add_watch replaces the mask.
   const wd = s.calls.addWatch(s.fd, path, WATCHED | IN_DONT_FOLLOW);
   if (wd < 0) return undefined;
   let entry = s.byWd.get(wd);
@@ -98,8 +79,7 @@ export function watchClose(
     s.byWd.set(wd, entry);
   }
   const own = entry;
-  // A listener is its own object: two waiters passing one callback are
-  // still two listeners.
+  // Its own object: one callback passed twice is two listeners.
   const listener: Listener = {
     call: onClose,
     mask: ends ? WATCHED : IN_CLOSE_WRITE,
@@ -119,11 +99,6 @@ export function watchClose(
   };
 }
 
-/** How many files the inotify descriptor watches now (for tests). */
-export function closeWatches(): number {
-  return state ? state.byWd.size : 0;
-}
-
 /** Reads every queued event and calls the listeners of each closed file. */
 function drain(s: State): void {
   const due = new Set<() => void>();
@@ -132,14 +107,14 @@ function drain(s: State): void {
     if (n <= 0) break;
     parse(s, buf, n, due);
   }
-  call(due);
+  for (const l of due) tell(l);
 }
 
 /** Calls the listeners of each closed file named in events read already. */
 function deliver(s: State, events: Uint8Array): void {
   const due = new Set<() => void>();
   parse(s, events, events.length, due);
-  call(due);
+  for (const l of due) tell(l);
 }
 
 /** Adds to `due` the listeners of each file closed in `n` bytes of events. */
@@ -168,22 +143,9 @@ function parse(
   });
 }
 
-function call(due: Set<() => void>): void {
-  for (const listener of due) {
-    try {
-      listener();
-    } catch {
-      // One listener's failure is not another's.
-    }
-  }
-}
-
 function setUp(): State | null {
-  if (process.platform !== "linux" || endianness() !== "LE") return null;
-  // A Node worker thread's wait would keep one of libuv's few pool threads
-  // (4 by default, shared by the whole process) in poll(2): waiters in a
-  // few workers would starve the process's file reads. A worker's waiters
-  // look again on their timer instead; the main thread keeps its one.
+  // A worker's wait would hold one of libuv's 4 pool threads in poll(2),
+  // starving the process's file reads: its waiters look on their timer.
   if (inNodeWorker()) return null;
   try {
     const calls = libc()?.inotify();
@@ -257,10 +219,9 @@ interface BunFile {
 }
 
 /**
- * Bun's wait (`bun:ffi` has no async calls): Bun's own event loop waits
- * for the descriptor (epoll) and reads it, through a stream of it, and
- * hands the events it read to `onEvents`: no thread, no worker. Cancelling
- * the stream leaves the descriptor open, and frees the process to exit.
+ * Bun's wait: its event loop reads the descriptor through a stream and
+ * hands the events to `onEvents`. Cancelling the stream leaves the
+ * descriptor open and frees the process to exit.
  */
 function streamWaiter(
   fd: number,

@@ -1,9 +1,7 @@
 /**
- * The Deno platform's open files and pinned directories through Deno's own
- * ops, where libc is not to be had (`_at.ts` serves with every permission
- * on Linux): a directory pinned by its canonical path, each permission
- * checked before an op would prompt, and `..` resolved as the kernel does
- * (`_perm_deno.ts`).
+ * The Deno platform's files and directories through Deno's ops, where
+ * libc is not to be had: a directory pinned by its canonical path, each
+ * permission checked before an op would prompt (`_perm_deno.ts`).
  *
  * @module
  */
@@ -47,7 +45,7 @@ class DenoHandle implements Handle {
   }
 
   fd(): number | undefined {
-    return undefined; // Deno's files have resource ids, not descriptors
+    return undefined; // a resource id, not a descriptor
   }
 
   tryLock(exclusive: boolean): boolean {
@@ -79,11 +77,9 @@ class DenoHandle implements Handle {
   }
 
   writeAt(data: Uint8Array, offset: number, path: string): void {
-    // Through a second open file of the same inode: a seek of our own
-    // would move the offset that every descriptor of this open file
-    // shares, such as the command's fd 9 (`runlock run`), whose writes
-    // would then land in the record. The name may lead to another file
-    // by now: only our inode is written.
+    // A second open file: a seek would move the offset this one shares
+    // with the command's fd 9 (`runlock run`), whose writes would land in
+    // the record.
     let other: Deno.FsFile | undefined;
     try {
       other = Deno.openSync(path, { write: true });
@@ -115,15 +111,8 @@ class DenoHandle implements Handle {
       if (!this.#fresh) this.#file.seekSync(0, Deno.SeekMode.Start);
       this.#fresh = false;
       const buf = max <= scratch.length ? scratch : new Uint8Array(max);
-      let len = 0;
-      while (len < max) {
-        const n = this.#file.readSync(buf.subarray(len, max));
-        if (n === null || n === 0) break;
-        len += n;
-        // A regular file reads short only at its end: no second read.
-        if (len < max) break;
-      }
-      return buf.subarray(0, len); // a view: see Handle.readAll
+      // One read: a regular file reads short only at its end.
+      return buf.subarray(0, this.#file.readSync(buf.subarray(0, max)) ?? 0);
     } catch (err) {
       throw sysError(err, "read", this.#path);
     }
@@ -138,12 +127,9 @@ class DenoHandle implements Handle {
   }
 
   chmod(mode: number): void {
-    // Deno.FsFile has no fchmod, and chmod(2) by path follows a symlink: if
-    // someone else could replace our fresh temp file with a symlink to, say,
-    // /etc/shadow, we would change that file's mode. So only where nobody
-    // but us (and root) can replace entries of the directory: it is ours or
-    // root's, and not writable by others, or sticky (where only a file's
-    // owner may rename or remove it). Elsewhere the umask's mode stays.
+    // No fchmod, and chmod(2) follows a symlink another user could swap
+    // in: only where the directory is ours or root's, and not writable by
+    // others or sticky. Elsewhere the umask's mode stays.
     try {
       const me = this.#file.statSync().uid;
       const dir = Deno.statSync(parent(this.#path));
@@ -164,15 +150,14 @@ class DenoHandle implements Handle {
   }
 
   closeFirstAtExit(): void {
-    // Deno names no descriptor, and a Deno holder makes no inotify
-    // instance (its watch would keep the process alive: see watchDir).
+    // No descriptor, and no inotify instance (see watchDir).
   }
 
   close(): void {
     try {
       this.#file.close();
     } catch {
-      // Already closed: close is idempotent for callers.
+      // Already closed.
     }
   }
 }
@@ -203,11 +188,8 @@ export function openExisting(given: string): Handle | "ENOENT" {
   if (l !== null) return openAt(l, AT_FDCWD, "", given);
   const path = kernelPath(given);
   if (path === null) return "ENOENT";
-  // Deno.open has neither O_NOFOLLOW nor O_NONBLOCK, so lstat first: a
-  // symlink is refused without being followed, and a FIFO is never opened
-  // (opening one read-only blocks until a writer comes). Then fstat the
-  // descriptor: if the path was swapped between the two calls, report it
-  // as gone and let the caller retry.
+  // No O_NOFOLLOW or O_NONBLOCK: lstat first (a FIFO's open blocks until
+  // a writer comes), then fstat: a swap between the two is ERACE.
   need("read", parent(path), "open");
   const before = lstatChecked(path);
   if (before === null) return "ENOENT";
@@ -245,14 +227,11 @@ export function lstat(given: string): FileInfo | null {
   return lstatChecked(path);
 }
 
-/**
- * `lstat(2)` once the read permission is checked: through libc where the
- * FFI may be used (a missing file is then no exception), else Deno's op.
- */
+/** `lstat(2)` once the read permission is checked: libc, else Deno's op. */
 function lstatChecked(path: string): FileInfo | null {
   const fast = lstatLibc(path);
   if (typeof fast === "number") {
-    // As Deno words the errors it does not name (sysError reads it back).
+    // Worded as Deno words the errors it does not name.
     if (ERRNO[fast] !== undefined) throw errnoError(fast, "lstat", path);
   } else if (fast !== undefined) {
     return fast;
@@ -265,10 +244,7 @@ function lstatChecked(path: string): FileInfo | null {
   }
 }
 
-/**
- * Deno's ops for a directory pinned by its canonical path
- * ({@linkcode PathDir}): Deno has no `*at()` calls.
- */
+/** Deno's ops for a directory pinned by its canonical path. */
 export const denoPaths: PathCalls = {
   create: createNew,
   open: openExisting,

@@ -1,19 +1,15 @@
 /**
- * The Node.js (and Bun) platform's fallback through `node:fs`, where the
- * `*at()` calls of `_libc_node.ts` are not to be had (not Linux x86-64 or
- * arm64, or a libc without them): a pinned directory's entries are named
- * `${prefix}/${name}` (`/proc/self/fd/N/<name>` where /proc can name the
- * descriptor, otherwise the canonical path). flock still goes through the
- * FFI.
+ * The Node.js and Bun fallback through `node:fs`, where the `*at()` calls
+ * are not to be had (a Node worker, a libc without them): entries named
+ * `${prefix}/${name}`; flock still through the FFI.
  *
  * @module
  */
 
 import type { Dirent, Stats } from "node:fs";
 import { fs } from "./_node.ts";
-import { constants } from "node:os";
-import { errnoError, libc, noFfi } from "./_libc_node.ts";
-import { scratch } from "./_at.ts";
+import { libc, noFfi } from "./_libc_node.ts";
+import { flock, scratch } from "./_at.ts";
 import type { PathCalls } from "./_path_dir.ts";
 import { type FileInfo, type Handle, SysError } from "./types.ts";
 
@@ -29,28 +25,6 @@ const {
   unlinkSync,
   writeSync,
 } = fs;
-
-const LOCK_SH = 1;
-const LOCK_EX = 2;
-const LOCK_NB = 4;
-const LOCK_UN = 8;
-
-const { EAGAIN, EINTR, EWOULDBLOCK } = constants.errno;
-
-/**
- * `flock(fd, operation)` through libc: `false` when it would block (only
- * `LOCK_NB` is ever asked: a blocking flock would hold the event loop).
- */
-function flock(fd: number, operation: number, path: string): boolean {
-  const l = libc() ?? noFfi(path);
-  for (;;) {
-    if (l.flock(fd, operation) === 0) return true;
-    const errno = l.errno();
-    if (errno === EINTR) continue;
-    if (errno === EWOULDBLOCK || errno === EAGAIN) return false;
-    throw errnoError(errno, "flock", path);
-  }
-}
 
 /** A `node:fs` error as a {@linkcode SysError}. */
 export function sysError(
@@ -101,15 +75,11 @@ class FsHandle implements Handle {
   }
 
   tryLock(exclusive: boolean): boolean {
-    return flock(
-      this.#fd!,
-      (exclusive ? LOCK_EX : LOCK_SH) | LOCK_NB,
-      this.#path,
-    );
+    return flock(libc() ?? noFfi(), this.#fd!, exclusive, "", this.#path);
   }
 
   unlock(): void {
-    flock(this.#fd!, LOCK_UN, this.#path);
+    flock(libc() ?? noFfi(), this.#fd!, null, "", this.#path);
   }
 
   write(data: Uint8Array): void {
@@ -143,15 +113,8 @@ class FsHandle implements Handle {
   readAll(max: number): Uint8Array {
     try {
       const buf = max <= scratch.length ? scratch : new Uint8Array(max);
-      let len = 0;
-      while (len < max) {
-        const n = readSync(this.#fd!, buf, len, max - len, len);
-        if (n === 0) break;
-        len += n;
-        // A regular file reads short only at its end: no second read.
-        if (len < max) break;
-      }
-      return buf.subarray(0, len); // a view: see Handle.readAll
+      // One read: a regular file reads short only at its end.
+      return buf.subarray(0, readSync(this.#fd!, buf, 0, max, 0));
     } catch (err) {
       throw sysError(err, "read", this.#path);
     }
@@ -174,8 +137,7 @@ class FsHandle implements Handle {
   }
 
   closeFirstAtExit(): void {
-    // node:fs has no F_DUPFD; this path serves where the *at() calls are
-    // off (not Linux x86-64 or arm64).
+    // node:fs has no F_DUPFD.
   }
 
   close(): void {
@@ -185,17 +147,13 @@ class FsHandle implements Handle {
     try {
       closeSync(fd);
     } catch {
-      // Nothing to do: the descriptor is gone either way.
+      // Gone either way.
     }
   }
 }
 
-// libuv opens every descriptor with O_CLOEXEC, so children never inherit
-// the lock.
+// libuv adds O_CLOEXEC. The flags are Libc.flags' (see there).
 const CREATE = fsc.O_RDWR | fsc.O_CREAT | fsc.O_EXCL;
-// O_NONBLOCK: opening a FIFO must not hang. O_NOFOLLOW: ELOOP on a symlink.
-// O_NOCTTY: a terminal put at the path never becomes the controlling
-// terminal of a process without one (a daemon that leads its session).
 const OPEN_EXISTING = fsc.O_RDONLY | fsc.O_NOFOLLOW | fsc.O_NONBLOCK |
   (fsc.O_NOCTTY ?? 0);
 
@@ -217,8 +175,7 @@ export function fsOpenExisting(path: string): Handle | "ENOENT" {
   } catch (err) {
     const code = (err as { code?: string }).code;
     if (code === "ENOENT") return code;
-    // A UNIX socket cannot be opened: ENXIO. It is not a regular file.
-    if (code === "ENXIO") {
+    if (code === "ENXIO") { // a UNIX socket
       throw new SysError(
         "EFTYPE",
         "open",

@@ -1,7 +1,6 @@
 /**
- * inotify's events and the `struct pollfd`s that wait for them, as bytes
- * (Linux, little-endian): shared by Deno's watches (`_inotify_deno.ts`)
- * and Node's and Bun's close watch (`_close_node.ts`). No runtime API here.
+ * inotify's events and the `struct pollfd`s that wait for them, as bytes,
+ * for `_inotify_deno.ts` and `_close_node.ts`. No runtime API here.
  *
  * @module
  */
@@ -20,14 +19,13 @@ export const IN_IGNORED = 0x8000;
 export const IN_DONT_FOLLOW = 0x2000000;
 
 /**
- * How long one wait lasts (ms) before it is made again. A bound, not a
- * schedule: the eventfd ends a wait at once when the last listener goes,
- * and each new wait is a wake-up of the process (a pool thread, then the
- * main thread: ~1 ms of CPU per second per waiting process at 1 s).
+ * How long one wait lasts (ms), a bound: the eventfd ends it when the last
+ * listener goes, and each wait wakes the process (~1 ms of CPU a second
+ * per waiting process at 1 s).
  */
 export const POLL_MS = 30_000;
 
-/** 1 as a `uint64_t`: what a write to an eventfd adds. */
+/** 1 as a `uint64_t`, to write to an eventfd. */
 export const ONE = new Uint8Array(new BigUint64Array([1n]).buffer);
 
 /**
@@ -64,9 +62,8 @@ export class PollFds {
 }
 
 /**
- * Calls `fn` for each event in the first `n` bytes of `bytes` (a read of
- * an inotify descriptor): its watch descriptor, its mask, and its name
- * (NUL-padded; empty for an event of the watched inode itself).
+ * Calls `fn` for each event in `n` bytes read from an inotify descriptor,
+ * with its name (NUL-padded; empty for the watched inode itself).
  */
 export function eachEvent(
   bytes: Uint8Array,
@@ -79,5 +76,17 @@ export function eachEvent(
     const name = bytes.subarray(at + 16, at + 16 + len);
     fn(dv.getInt32(at, true), dv.getUint32(at + 4, true), name);
     at += 16 + len;
+  }
+}
+
+/** Calls `fn`; one listener's failure is not another's. */
+export function tell<A extends unknown[]>(
+  fn: (...args: A) => void,
+  ...args: A
+): void {
+  try {
+    fn(...args);
+  } catch {
+    // Not the caller's.
   }
 }

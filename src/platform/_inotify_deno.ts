@@ -1,22 +1,19 @@
 /**
- * Deno's watches read from inotify itself, where the process may use libc
- * (every permission granted, main thread, Linux). `Deno.watchFs` matches
- * each event against every watched path on Deno's notify thread (two
- * canonicalizations apiece): beside a CPU hog, with 73 directories watched
- * and 8 runs of 10 ms at a time, `watch()` reached 91 to 265 runs of 300
- * (2.9.6). Here an event costs a lookup of its watch descriptor.
+ * Deno's watches read from inotify, where libc serves. `Deno.watchFs`
+ * matches each event against every watched path (two canonicalizations
+ * apiece): beside a CPU hog, over 73 directories, 8 runs of 10 ms at a
+ * time, `watch()` reached 91 to 265 runs of 300 (2.9.6). Here an event
+ * costs a lookup of its watch descriptor.
  *
- * One inotify descriptor per process, one watch per inode, refcounted by
- * its listeners. It is waited for by a `poll(2)` on Deno's blocking pool,
- * with an eventfd written when the last listener goes, so that the wait
- * keeps the process alive no longer than a watch does. Events are read,
- * non-blocking, on the main thread.
+ * One inotify descriptor per process, one watch per inode, refcounted,
+ * waited for by `poll(2)` on Deno's blocking pool, with an eventfd written
+ * when the last listener goes; read, non-blocking, on the main thread.
  *
  * @module
  */
 
 import type { Libc } from "./_libc_deno.ts";
-import { type Listener, tell } from "./_watch_deno.ts";
+import type { Listener } from "./_watch_deno.ts";
 import {
   eachEvent,
   IN_ATTRIB,
@@ -33,6 +30,7 @@ import {
   ONE,
   POLL_MS,
   PollFds,
+  tell,
 } from "./_inotify.ts";
 
 /** What `Deno.watchFs` asks for (notify's mask). */
@@ -42,9 +40,8 @@ const MASK = IN_MODIFY | IN_ATTRIB | IN_CLOSE_WRITE | IN_MOVED_FROM |
 const MOVED = IN_MOVED_FROM | IN_MOVED_TO | IN_CREATE | IN_DELETE |
   IN_DELETE_SELF | IN_MOVE_SELF;
 /**
- * Reads of the descriptor per wake-up: writers that outpace the reader
- * would otherwise keep the event loop in one drain for seconds. The next
- * poll returns at once while events remain.
+ * Reads per wake-up: writers that outpace the reader would hold the event
+ * loop in one drain for seconds. The next poll returns at once.
  */
 const READS = 4;
 
@@ -72,11 +69,8 @@ const buf = new Uint8Array(16 * 1024);
 let state: State | null | undefined;
 
 /**
- * Calls `listener` with the name of each entry of the directory at `path`
- * that changes, or with the file's own name for a file, and the directory's
- * own name when it is removed or renamed, until the returned function is
- * called. `null` where inotify cannot be used; `undefined` where the path
- * cannot be watched now (the caller looks again later).
+ * As `watchPath` (`_watch_deno.ts`), and the directory's own name when it
+ * is removed or renamed. `null` where inotify cannot be used.
  */
 export function inotifyWatch(
   libc: Libc,
@@ -119,10 +113,9 @@ function forget(s: State, watcher: Watcher): void {
 }
 
 /**
- * After an overflow: the kernel's notice that a watch ended (its inode
- * gone) may be among the events lost, and a directory made again at the
- * path may have the old one's inode number. So every watch is asked for
- * again by its path, and a watcher whose path leads elsewhere now moves.
+ * After an overflow, which may have lost a watch's end (and a directory
+ * made again may reuse the inode number): every watch is asked for again
+ * by its path, moving a watcher whose path leads elsewhere now.
  */
 function rearm(s: State): void {
   for (const [watcher, wd] of [...s.wdOf]) {
@@ -188,9 +181,8 @@ function drain(s: State): void {
       const watchers = s.byWd.get(wd);
       if (watchers === undefined) return;
       if (mask & IN_IGNORED) {
-        // The inode is gone (or its file system): the kernel dropped the
-        // watch. Its listeners learn of it from the event before, or from
-        // their parent's watch; the next watch of the path is a new one.
+        // The kernel dropped the watch: its listeners learn of it from the
+        // event before, or their parent's watch.
         s.byWd.delete(wd);
         for (const w of watchers) s.wdOf.delete(w);
         return;

@@ -1,29 +1,14 @@
 /**
- * libc for the Deno platform, through `Deno.dlopen`, on Linux x86-64 and
- * arm64 where the process may use the FFI:
- *
- * - `fstatat(2)` for a probe's lstat, where reading has no scope
- *   (`--allow-ffi --allow-read`, `-A`): Deno reports a missing file only by
- *   throwing, and an lstat of one costs 11 µs through `Deno.lstatSync`,
- *   0.7 µs here, where the call returns -1 and errno says ENOENT.
- * - The calls of `_at.ts` (pinned directories and their files), where
- *   every permission is granted (`-A`), and inotify for the watches.
- *
- * A path that is no C string (a NUL in it, or too long to encode) and a
- * process without the grant go through Deno's ops. Loaded on the first
- * probe or lock, never at import.
+ * libc for the Deno platform through `Deno.dlopen`, bound on first use:
+ * `fstatat(2)` for a probe's lstat where reading has no scope (Deno's op
+ * throws for a missing file: 11 µs, here 0.7 µs), and with every
+ * permission the calls of `_at.ts` and inotify. A path that is no C
+ * string, or a process without the grant, goes through Deno's ops.
  *
  * @module
  */
 
-import {
-  decodeStat,
-  STAT_BYTES,
-  STAT_LAYOUT,
-  STAT_VER,
-  statIsFile,
-  type StatLayout,
-} from "./_stat.ts";
+import { decodeStat, STAT_BYTES, STAT_VER, statIsFile } from "./_stat.ts";
 import {
   agrees,
   AT_FDCWD,
@@ -32,8 +17,7 @@ import {
 } from "./_at.ts";
 import { type FileInfo, SysError } from "./types.ts";
 
-// Linux's values on x86-64 (arm64 numbers O_DIRECTORY and O_NOFOLLOW
-// otherwise; checkPlatform admits x86-64 alone).
+// Linux x86-64's values.
 const O_CLOEXEC = 0o2000000;
 const O_NONBLOCK = 0o4000;
 const OPEN_FLAGS = {
@@ -46,11 +30,7 @@ const F_DUPFD_CLOEXEC = 1030;
 const ENOENT = 2;
 const ENAMETOOLONG = 36;
 
-/**
- * Linux errno numbers by name: for the errors Deno reports only as "(os
- * error N)" (it gives an error code to the kinds it names, not to ENOLCK,
- * EDQUOT...), and for libc's.
- */
+/** Linux errno names: libc's, and Deno's "(os error N)" it names not. */
 export const ERRNO: Record<number, string> = {
   1: "EPERM",
   2: "ENOENT",
@@ -81,23 +61,18 @@ export const ERRNO: Record<number, string> = {
   122: "EDQUOT",
 };
 
-const CPU: Record<string, string> = { x86_64: "x64", aarch64: "arm64" };
-const cpu = CPU[Deno.build.arch] ?? "";
-
 const statBuf = new Uint8Array(STAT_BYTES);
 const statView = new DataView(statBuf.buffer);
 const encoder = new TextEncoder();
 const decoder = new TextDecoder();
-// Two names (linkat names two files), each as long as any path the kernel
-// accepts (PATH_MAX, 4096 bytes, and its NUL); a longer one fails there.
+// linkat's two names, each up to PATH_MAX (4096) and its NUL.
 const nameA = new Uint8Array(4097);
 const nameB = new Uint8Array(4097);
 const linkBuf = new Uint8Array(4097);
 
 /**
- * libc for the Deno platform: {@linkcode AtLibc}'s calls and the rest the
- * platform makes. A name that cannot be a C string fails without a call,
- * with ENAMETOOLONG (or ENOENT for a NUL, which Deno's ops refuse too).
+ * {@linkcode AtLibc} and the platform's other calls. A name that is no C
+ * string fails without a call: ENAMETOOLONG, or ENOENT for a NUL.
  */
 export interface Libc extends AtLibc {
   /** `kill(pid, sig)`: with 0, whether the process exists. */
@@ -115,7 +90,7 @@ export interface Libc extends AtLibc {
   poll(fds: Uint8Array, nfds: number, ms: number): Promise<number>;
 }
 
-/** The error for a failed `syscall` on `path`, worded as Deno words one. */
+/** A failed `syscall` on `path`, worded as Deno words one. */
 export function errnoError(
   errno: number,
   syscall: string,
@@ -129,19 +104,7 @@ export function errnoError(
   );
 }
 
-/** Whether the last successful `fstatat`/`fstat` found a regular file. */
-export function statFile(): boolean {
-  return statIsFile(statView, layout!);
-}
-
-/** The last successful `fstatat`/`fstat`, decoded. */
-export function statInfo(): FileInfo {
-  return decodeStat(statView, layout!);
-}
-
-const layout: StatLayout | undefined = Deno.build.os === "linux"
-  ? STAT_LAYOUT[cpu]
-  : undefined;
+const statInfo = (): FileInfo => decodeStat(statView);
 
 let bound: Libc | undefined;
 let tried = false;
@@ -149,15 +112,12 @@ let tried = false;
 let pending = 0;
 
 /**
- * libc, bound on first use, or `undefined` where it cannot be: not Linux
- * x86-64 or arm64, no FFI grant (asked once per process, as the platform's
- * other permission answers are), no libc.so.6, or a decoded `fstatat` of
- * `/` that does not read as `Deno.lstatSync`'s.
+ * libc, or `undefined` without the FFI grant (asked once) or libc.so.6, or
+ * where an `fstatat` of `/` reads otherwise than `Deno.lstatSync`.
  */
 export function libc(): Libc | undefined {
   if (tried) return bound;
   tried = true;
-  if (!layout) return undefined;
   try {
     const { state, partial } = Deno.permissions.querySync({ name: "ffi" });
     if (state !== "granted" || partial) return undefined;
@@ -183,12 +143,9 @@ export function libc(): Libc | undefined {
           result: i32,
           optional: true,
         },
-        // Deno's FFI has no variadic calls. openat's mode and fcntl's
-        // third argument go as fixed arguments, which is how a variadic
-        // callee receives them on the two ABIs this file runs on (x86-64
-        // SysV: integer arguments in the same registers, %al only bounds
-        // the vector registers the callee saves; AAPCS64 on Linux:
-        // variadic arguments in registers like fixed ones).
+        // No variadic calls in Deno's FFI: openat's mode and fcntl's third
+        // argument go as fixed ones, as x86-64 SysV passes them (%al only
+        // bounds the vector registers a variadic callee saves).
         openat: { parameters: [i32, "buffer", i32, i32], result: i32 },
         fcntl: { parameters: [i32, i32, i32], result: i32 },
         linkat: {
@@ -222,7 +179,7 @@ export function libc(): Libc | undefined {
         __errno_location: { parameters: [], result: "pointer" },
       } as const,
     );
-    const ver = STAT_VER[cpu];
+    const ver = STAT_VER;
     const xat = s.__fxstatat64;
     const xfd = s.__fxstat64;
     const at = s.fstatat ??
@@ -291,12 +248,11 @@ export function libc(): Libc | undefined {
       poll: (fds, nfds, ms) => s.poll(fds, BigInt(nfds), ms),
       errno,
       statInfo,
-      statIsFile: statFile,
+      statIsFile: () => statIsFile(statView),
       error: errnoError,
       flags: OPEN_FLAGS,
       doubtfulEagain: true,
-      // A Deno holder makes no inotify instance (its watch would keep the
-      // process alive: see the platform's watchDir): nothing to come before.
+      // A Deno holder has no inotify instance (see watchDir).
       renumber: false,
     };
     if (agrees(candidate, () => Deno.lstatSync("/"))) bound = candidate;
@@ -332,11 +288,10 @@ export function forgetReadGrant(): void {
 }
 
 /**
- * `lstat(2)` of `path` through libc: its struct, `null` when it does not
- * exist (ENOENT), the errno of any other failure, or `undefined` when
- * libc cannot be asked here (then ask `Deno.lstatSync`): it is asked only
- * where reading has no scope and no --deny-read, so that Deno's op would
- * never refuse a path that libc answers for.
+ * `lstat(2)` through libc: the struct, `null` for ENOENT, another errno,
+ * or `undefined` where libc is not asked (then `Deno.lstatSync`): only
+ * where reading has no scope, so that Deno's op would refuse no path libc
+ * answers for.
  */
 export function lstatLibc(path: string): FileInfo | null | number | undefined {
   if (readOk === undefined) {

@@ -1,43 +1,26 @@
 /**
- * libc for the Node.js (and Bun) platform: `flock(2)` everywhere, and on
- * Linux x86-64 and arm64 the `*at()` calls that name a lock's files
- * relative to its pinned directory descriptor, with `fstat`, `pread`,
- * `write`, `fchmod` and `close`, all through the FFI the package already
- * loads (koffi under Node, the built-in `bun:ffi` under Bun).
- *
- * Why not `node:fs`: it has no `*at()` calls, so a pinned directory would
- * be named `/proc/self/fd/N/<name>`, and every such walk leaves the
- * kernel's lock-free path lookup (~2 µs a call); and each failed call
- * throws, where the protocol expects ENOENT and EEXIST as answers. Here a
- * call returns libc's result, and the errno is read right after it.
- *
- * Loaded on the first lock operation, never at import.
+ * libc for the Node.js and Bun platform through koffi or `bun:ffi`, bound
+ * on the first lock operation: `flock(2)`, and the calls of `_at.ts` (see
+ * there why not `node:fs`; a `/proc/self/fd/N/<name>` walk also leaves the
+ * kernel's lock-free path lookup, ~2 µs a call).
  *
  * @module
  */
 
 import { constants as osc, release } from "node:os";
-import { process } from "../_process.ts";
 import { fs, inNodeWorker, load, util } from "./_node.ts";
-import {
-  decodeStat,
-  STAT_BYTES,
-  STAT_LAYOUT,
-  STAT_VER as STAT_VERS,
-  statIsFile as isFile,
-} from "./_stat.ts";
+import { decodeStat, STAT_BYTES, STAT_VER, statIsFile } from "./_stat.ts";
 import { agrees, type Libc as AtLibc } from "./_at.ts";
 import { SysError } from "./types.ts";
 
 /**
- * libc for the Node and Bun platform: {@linkcode AtLibc}'s calls (all but
- * `flock` only where `at` is true) and the rest the platform makes.
- * Strings are paths or names without NUL.
+ * {@linkcode AtLibc} (all but `flock` only where `at` is true) and the
+ * platform's other calls. Strings are without NUL.
  */
 export interface Libc extends AtLibc {
   /** Whether the calls other than `flock` exist here (see {@linkcode libc}). */
   readonly at: boolean;
-  /** `kill(pid, sig)`: with 0, whether the process exists (and may be signalled). */
+  /** `kill(pid, sig)`. */
   kill(pid: number, sig: number): number;
   /** Binds inotify's calls (Linux), or throws. Call it once. */
   inotify(): Inotify;
@@ -64,18 +47,12 @@ export interface Inotify {
 
 type Done = (err: unknown, res: number) => void;
 
-/** Linux's values, the same on x86-64 and arm64 (the only `at` targets). */
 const O_CLOEXEC = 0o2000000;
-const O_PATH = 0o10000000;
 const O_NONBLOCK = 0o4000;
 const F_DUPFD_CLOEXEC = 1030;
 const { constants: fsc } = fs;
-/**
- * A directory to pin: O_PATH on Linux (needs only search permission, reads
- * nothing), else read-only.
- */
-export const OPEN_DIR = (process.platform === "linux" ? O_PATH : fsc.O_RDONLY) |
-  fsc.O_DIRECTORY;
+/** A directory to pin: `O_PATH` needs only search permission. */
+export const OPEN_DIR = 0o10000000 | fsc.O_DIRECTORY;
 const OPEN_FLAGS = {
   create: fsc.O_RDWR | fsc.O_CREAT | fsc.O_EXCL | O_CLOEXEC,
   existing: fsc.O_RDONLY | fsc.O_NOFOLLOW | fsc.O_NONBLOCK |
@@ -83,48 +60,25 @@ const OPEN_FLAGS = {
   dir: OPEN_DIR | O_CLOEXEC,
 };
 /**
- * Whether the kernel closes a dying process's files from its highest
- * descriptor down: Linux 4.3 and later (commit c82199061009, "task_work:
- * remove fifo ordering guarantee"; before it, from the lowest up, where
- * the descriptor had best stay low).
+ * Whether the kernel closes a dying process's files from the highest
+ * descriptor down: Linux 4.3+ (c82199061009, "task_work: remove fifo
+ * ordering guarantee"); before, from the lowest up.
  */
 const LAST_IN_FIRST_OUT = (() => {
   const [major, minor] = release().split(".").map((n) => parseInt(n, 10));
   return major > 4 || (major === 4 && minor >= 3);
 })();
 
-/** The names libc goes by, per OS, in the order they are tried. */
-const LIBC: Partial<Record<NodeJS.Platform, string[]>> = {
-  linux: ["libc.so.6", "libc.so"],
-  darwin: ["libSystem.B.dylib", "/usr/lib/libSystem.B.dylib"],
-  freebsd: ["libc.so.7"],
-  openbsd: ["libc.so"],
-  netbsd: ["libc.so"],
-};
-
-// Where libc keeps the calling thread's errno (bun:ffi does not report it).
-const ERRNO_LOCATION: Partial<Record<NodeJS.Platform, string>> = {
-  linux: "__errno_location",
-  darwin: "__error",
-  freebsd: "__error",
-  openbsd: "__errno",
-  netbsd: "__errno",
-};
-
-const layout = process.platform === "linux"
-  ? STAT_LAYOUT[process.arch]
-  : undefined;
+/** The names libc goes by, in the order they are tried. */
+const LIBC = ["libc.so.6", "libc.so"];
 
 type Stat = "stat" | "xstat";
-const STAT_VER = STAT_VERS[process.arch] ?? 0;
 
-// One buffer for every stat: no allocation per call.
 const statBuf = new Uint8Array(STAT_BYTES);
 const statView = new DataView(statBuf.buffer);
 
 const isBun = typeof (globalThis as { Bun?: unknown }).Bun !== "undefined";
-/** Which FFI this runtime uses, for messages. */
-export const ffiName = isBun ? "bun:ffi" : "koffi";
+const ffiName = isBun ? "bun:ffi" : "koffi";
 
 /** Minimal shape of `bun:ffi`, which has no types outside Bun. */
 interface BunFfi {
@@ -140,8 +94,8 @@ type Fn = (...args: unknown[]) => number;
 
 /** What every binding has, whichever calls it binds. */
 const COMMON = {
-  statInfo: () => decodeStat(statView, layout!),
-  statIsFile: () => isFile(statView, layout!),
+  statInfo: () => decodeStat(statView),
+  statIsFile: () => statIsFile(statView),
   error: errnoError,
   flags: OPEN_FLAGS,
   doubtfulEagain: false,
@@ -163,9 +117,8 @@ const NO_AT = {
   kill: () => -1,
 };
 
-// bun:ffi passes strings as pointers to NUL-terminated bytes: two buffers
-// (linkat names two files), each as long as any path the kernel accepts
-// (PATH_MAX 4096 bytes) can encode to. A longer one cannot fit: ENAMETOOLONG.
+// bun:ffi takes C strings: linkat's two, each as long as PATH_MAX (4096)
+// can encode to; a longer one is ENAMETOOLONG.
 const encoder = new TextEncoder();
 const nameA = new Uint8Array(3 * 4096 + 4);
 const nameB = new Uint8Array(3 * 4096 + 4);
@@ -183,15 +136,15 @@ let bunErrno = 0;
 
 function bindBun(name: string, at: Stat | false): Libc {
   const ffi = load("bun:ffi") as BunFfi;
-  const where = ERRNO_LOCATION[process.platform]!;
+  const where = "__errno_location"; // bun:ffi does not report errno
   const i32 = "i32";
   const { symbols: s } = ffi.dlopen(name, {
     flock: { args: [i32, i32], returns: i32 },
     [where]: { args: [], returns: "ptr" },
     ...(at
       ? {
-        // bun:ffi has no variadic calls: openat's mode and fcntl's third
-        // argument go as fixed ones (see FIXED_VARARGS).
+        // openat's mode and fcntl's third argument as fixed ones: see
+        // bindKoffi.
         openat: { args: [i32, "ptr", i32, i32], returns: i32 },
         linkat: { args: [i32, "ptr", i32, "ptr", i32], returns: i32 },
         unlinkat: { args: [i32, "ptr", i32], returns: i32 },
@@ -219,8 +172,7 @@ function bindBun(name: string, at: Stat | false): Libc {
       }
       : {}),
   });
-  // The main thread's errno lives at one address for the thread's life
-  // (a Worker loads its own copy of this module, on its own thread).
+  // One address for the thread's life (a Worker loads its own module).
   const errnoAt = s[where]();
   const read = ffi.read;
   const errno = () => {
@@ -248,8 +200,7 @@ function bindBun(name: string, at: Stat | false): Libc {
   const fstat: Fn = at === "stat"
     ? s.fstat as Fn
     : (fd, st) => xfd(STAT_VER, fd, st);
-  // A name that cannot be a C string here fails as the kernel would fail
-  // it, without a call: bunErrno says why, to the errno() that follows.
+  // A name that is no C string fails without a call, as the kernel would.
   const tooLong = () => {
     bunErrno = ENAMETOOLONG;
     return -1;
@@ -285,16 +236,6 @@ function bindBun(name: string, at: Stat | false): Libc {
   };
 }
 
-/**
- * Linux on x86-64 (SysV: the same registers, %al only bounds the vector
- * registers a variadic callee saves) or arm64 (AAPCS64: variadic arguments
- * in registers like fixed ones; not macOS arm64, where they go on the
- * stack): a variadic function's integer arguments may be passed as fixed
- * ones.
- */
-const FIXED_VARARGS = process.platform === "linux" &&
-  (process.arch === "x64" || process.arch === "arm64");
-
 function bindKoffi(name: string, at: Stat | false): Libc {
   const koffi = load("koffi") as typeof import("npm:koffi@3.3.4");
   const lib = koffi.load(name);
@@ -302,12 +243,12 @@ function bindKoffi(name: string, at: Stat | false): Libc {
   const errno = () => koffi.errno();
   const base = { ...COMMON, flock, errno, inotify: () => koffiInotify(lib) };
   if (!at) return { at: false, ...base, ...NO_AT };
-  // Variadic, as libc declares it, except where FIXED_VARARGS holds (the
-  // only ABIs with a `layout` today): the variadic call costs ~55-70 ns
-  // more (koffi 3.3.4, Linux x86-64), a tenth of an open.
-  const openat = FIXED_VARARGS
-    ? lib.func("int openat(int dirfd, str path, int flags, int mode)")
-    : lib.func("int openat(int dirfd, str path, int flags, ...)");
+  // Fixed, not variadic as libc declares it: x86-64 SysV passes integer
+  // arguments alike (%al only bounds the vector registers a variadic
+  // callee saves), and koffi's variadic call costs ~55-70 ns more (3.3.4).
+  const openat = lib.func(
+    "int openat(int dirfd, str path, int flags, int mode)",
+  ) as Fn;
   const linkat = lib.func(
     "int linkat(int olddirfd, str oldpath, int newdirfd, str newpath, int flags)",
   );
@@ -329,9 +270,7 @@ function bindKoffi(name: string, at: Stat | false): Libc {
   return {
     at: true,
     ...base,
-    openat: FIXED_VARARGS
-      ? openat as Fn
-      : (dirfd, path, flags, mode) => openat(dirfd, path, flags, "int", mode),
+    openat,
     dupfd: (fd, min) => fcntl(fd, F_DUPFD_CLOEXEC, "int", min),
     linkat: (dirfd, from, to) => linkat(dirfd, from, dirfd, to, 0),
     unlinkat: (dirfd, path) => unlinkat(dirfd, path, 0),
@@ -403,24 +342,16 @@ let tried = false;
 
 /**
  * libc, bound on first use; `undefined` when the FFI cannot load (then
- * {@linkcode noFfi} says why, and `flock` cannot be had). `at` is
- * true only on Linux x86-64 and arm64, and only once a decoded `fstatat`
- * of `/` agreed with `node:fs`'s (a libc without these calls leaves it
- * off).
+ * {@linkcode noFfi} says why). `at` only where a decoded `fstatat` of `/`
+ * agreed with `node:fs`'s.
  */
 export function libc(): Libc | undefined {
   if (tried) return loaded;
   tried = true;
-  const names = LIBC[process.platform];
-  if (!names) {
-    failure = `runlock does not support ${process.platform}`;
-    return undefined;
-  }
   const bind = isBun ? bindBun : bindKoffi;
-  // The *at() calls with fstatat, or with glibc's older __fxstatat64, or
-  // (a libc with neither, or another CPU or OS) flock alone.
-  const ways: (Stat | false)[] = layout ? ["stat", "xstat", false] : [false];
-  for (const name of names) {
+  // fstatat, or glibc's older __fxstatat64, or (neither) flock alone.
+  const ways: (Stat | false)[] = ["stat", "xstat", false];
+  for (const name of LIBC) {
     for (const way of ways) {
       try {
         loaded = bind(name, way);
@@ -440,10 +371,9 @@ export function libc(): Libc | undefined {
 let fast: Libc | null | undefined;
 
 /**
- * libc with the `*at()` calls, for every call of a lock, or `null` where
- * `node:fs` serves. Not in a Node worker thread: Node closes the
- * descriptors node:fs opened in a worker when it ends (so the kernel drops
- * the flocks of a terminated worker's locks), never those the FFI opened.
+ * libc with the `*at()` calls, or `null` where `node:fs` serves: in a Node
+ * worker thread, whose end closes the descriptors node:fs opened (dropping
+ * their flocks), never those the FFI opened.
  */
 export function ffi(): Libc | null {
   if (fast === undefined) {
@@ -453,7 +383,7 @@ export function ffi(): Libc | null {
   return fast;
 }
 
-/** The error for a failed `syscall` on `path`, from its errno. */
+/** A failed `syscall` on `path`, from its errno. */
 export function errnoError(
   errno: number,
   syscall: string,
@@ -475,24 +405,14 @@ export function errnoError(
 
 let errnoNames: Map<number, string> | undefined;
 
-/** Why {@linkcode libc} could not load, as the error flock throws. */
-export function noFfi(path: string): never {
-  const names = LIBC[process.platform];
-  if (!names) {
-    throw new SysError(
-      "ENOSYS",
-      "flock",
-      `flock '${path}': runlock does not support ${process.platform}`,
-    );
-  }
-  // Not the file system's fault: the FFI module itself failed to load (a
-  // missing or broken koffi install, an unsupported CPU). Say so.
+/** Why {@linkcode libc} could not load (a broken koffi install), thrown. */
+export function noFfi(): never {
   const why = failure instanceof Error ? failure.message : String(failure);
   throw new SysError(
     "ENOFFI",
     "flock",
     `cannot load ${ffiName}, which runlock uses to call flock(2) in libc ` +
-      `(${names.join(", ")}): ${why}`,
+      `(${LIBC.join(", ")}): ${why}`,
     { cause: failure },
   );
 }

@@ -1,8 +1,6 @@
 /**
- * A directory pinned by a path, for each runtime's calls that name files
- * by whole paths (Deno's ops, `node:fs`): every entry is named
- * `${prefix}/${name}`. No runtime API here: each runtime's calls are a
- * {@linkcode PathCalls}.
+ * A directory pinned by a path, its entries named `${prefix}/${name}`, for
+ * Deno's ops and `node:fs` (each a {@linkcode PathCalls}).
  *
  * @module
  */
@@ -25,10 +23,7 @@ export interface PathCalls {
   close?(fd: number): void;
 }
 
-/**
- * A directory named `${prefix}/${name}`: its canonical path, or
- * `/proc/self/fd/N` while `fd` (N) holds it open.
- */
+/** Named by its canonical path, or `/proc/self/fd/N` while `fd` holds it. */
 export class PathDir implements Dir {
   readonly prefix: string;
   readonly byDescriptor: boolean;

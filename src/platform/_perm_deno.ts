@@ -1,14 +1,10 @@
 /**
- * What a Deno process may do, asked without a prompt: its permissions
- * (queried, never requested: a missing grant is a `NOTCAPABLE`
- * {@linkcode SysError}; grants cached per directory, so the hot path asks
- * once per process), libc where every permission is granted, and paths
- * resolved as the kernel resolves them where Deno's ops would not. Deno's
- * errors as {@linkcode SysError}s.
+ * What a Deno process may do, queried, never requested (a missing grant is
+ * a `NOTCAPABLE` {@linkcode SysError}); paths resolved as the kernel does;
+ * Deno's errors as {@linkcode SysError}s.
  *
- * No node: imports here or in the Deno platform's other files: the first
- * one makes Deno load its Node compatibility layer, which adds about 15 ms
- * to every program's start.
+ * No node: imports in the Deno platform's files: the first loads Deno's
+ * Node layer, about 15 ms of every program's start.
  *
  * @module
  */
@@ -73,17 +69,13 @@ const ALL = ["read", "write", "net", "env", "sys", "run", "ffi", "import"];
 let listening = false;
 
 /**
- * Whether every permission is granted without scope and without a --deny
- * (`--allow-all`, or every flag): permission checks can then be skipped,
- * and /proc may be read (Deno refuses /proc paths with anything less:
- * "Requires all access"). Asked once, and asked again after any change of a
- * permission (`Deno.permissions.revoke` or `request`): every answer cached
- * here is forgotten then, so a revoked grant holds for every later call.
+ * Whether every permission is granted without scope or --deny: checks are
+ * skipped, and /proc may be read (else "Requires all access"). Every
+ * answer cached here is forgotten when a permission changes.
  */
 export function hasAllAccess(): boolean {
   if (allAccess === undefined) {
-    // Each name is asked (no short cut): Deno tells of a change only
-    // through a status it has handed out.
+    // Each name is asked: Deno tells of a change only through a status.
     let all = true;
     for (const name of ALL) {
       try {
@@ -111,12 +103,9 @@ function forgetGrants(): void {
   forgetReadGrant();
 }
 
-// Permission answers that were "granted", per "read:/abs/dir". Only grants
-// are cached, and only by absolute path: a relative directory means another
-// one after a chdir, and calling an op on a path we have no grant for is
-// what would prompt. A refusal is asked again, since a grant may follow.
-// Bounded: a server that locks a new directory per job must not grow
-// without end (forgetting costs one more query).
+// Grants only (a refusal may turn into one), per "read:/abs/dir" (a
+// relative one is another after a chdir). Bounded: a server may lock a
+// new directory per job.
 const granted = new Set<string>();
 const MAX_GRANTED = 4096;
 
@@ -129,7 +118,6 @@ export function need(
   syscall: string,
 ): void {
   if (hasAllAccess()) return;
-  // Deno.cwd() needs no permission and never prompts.
   const abs = dir.startsWith("/") ? dir : `${Deno.cwd()}/${dir}`;
   const key = `${name}:${abs}`;
   if (granted.has(key)) return;
@@ -146,11 +134,9 @@ export function need(
   granted.add(key);
 }
 
-// Deno closes a Worker's own files when it ends (terminate() included),
-// and so drops their flocks; a descriptor opened through the FFI stays
-// open for the life of the process, holding its lock. In a Worker, Deno's
-// ops serve. A node:worker_threads worker is a Deno Worker too, whose
-// global scope hides the WorkerGlobalScope name but not its class.
+// A Worker's end closes its Deno files (dropping their flocks), never an
+// FFI descriptor: there, Deno's ops serve. A node:worker_threads worker's
+// scope hides the WorkerGlobalScope name but not its class.
 const IN_WORKER =
   typeof (globalThis as { WorkerGlobalScope?: unknown }).WorkerGlobalScope !==
     "undefined" ||
@@ -185,15 +171,11 @@ function hasDotDot(path: string): boolean {
 }
 
 /**
- * `path` with each `..` resolved as the kernel resolves it: after the
- * symlinks before it. Deno's file ops resolve `..` by the text unless every
- * permission is granted (they use the path their permission check
- * normalised), so `link/../run.lock` would be another file than the one
- * the kernel, Node, Bun, flock(1) and a Deno program run with `-A` name
- * (two holders of one lock). The real path of what comes before each `..`
- * has no `..` left, so there the text is the truth. `null` where a
- * directory before a `..` is missing: nothing there, as for the kernel.
- * With `create`, such directories are made (for `mkdirp`).
+ * `path` with each `..` resolved as the kernel does, after the symlinks
+ * before it. Without every permission Deno's ops resolve `..` by the text,
+ * so `link/../run.lock` would be another file than flock(1), Node or
+ * `deno -A` lock (two holders). `null` where a directory before a `..` is
+ * missing; with `create`, it is made (for `mkdirp`).
  */
 export function kernelPath(path: string, create = false): string | null {
   if (!hasDotDot(path) || hasAllAccess()) return path;

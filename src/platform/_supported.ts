@@ -1,6 +1,6 @@
 /**
- * The one platform runlock's file locks run on: Linux on x86_64, where its
- * tests run (the FFI's struct layouts, flock's and /proc's behaviour).
+ * The one platform the file locks run on, where the tests run (the FFI's
+ * struct layouts, flock's and /proc's behaviour): Linux on x86_64.
  *
  * @module
  */

@@ -1,27 +1,23 @@
 /**
- * Deno's watches of directories and files over `Deno.watchFs`, where
- * libc's inotify cannot serve (`_inotify_deno.ts`).
+ * Deno's watches over `Deno.watchFs`, where libc's inotify cannot serve.
+ * Facts of Deno 2.9.6:
  *
- * Deno offers each event to every open `FsWatcher`, matching it against
- * each of its paths and dropping it where that watcher's queue of 16 is
- * full: 8 runs at a time over 73 directories, one watcher each, reached
- * `watch()` for 48-56 runs of 300; one watcher over all of them, 300
- * (2.9.6). So the directories share one watcher; a file (a waiter's watch
- * of its holder's file) has its own, as a path leaves a watcher only with
- * the watcher.
- *
- * Deno arms a path (an inotify watch) only while its count of watchers is
- * 0, and a closed watcher's counts drop a turn later: a watch of a path
- * whose watch closed in the same turn, the file replaced since, saw 0
- * events of 3 (2.9.6). Hence a directory is added by opening the new
- * watcher before closing the old; a path that names another directory
- * now is re-armed from nothing, a timer's turn after the close, and its
- * listeners are told that events may have been lost; and a file's watch
- * is refused while one on another identity is open, and for a turn after
- * its last close (ext4 gives a new file the inode number just freed).
+ * - Each event goes to every `FsWatcher`, dropped where its queue of 16 is
+ *   full: over 73 directories, 8 runs at a time, one watcher each reached
+ *   `watch()` for 48-56 runs of 300, one for all 300. So directories share
+ *   one watcher; a file has its own (a path leaves only with its watcher).
+ * - A path is armed only while its count of watchers is 0, and a closed
+ *   watcher's counts drop a turn later (a re-watch in the same turn of a
+ *   replaced file saw 0 events of 3). So a new watcher opens before the
+ *   old closes; a path naming another directory now is re-armed a turn
+ *   after the close, its listeners told of a lapse; and a file's watch is
+ *   refused while one on another identity is open, and for a turn after
+ *   (ext4 reuses a freed inode number).
  *
  * @module
  */
+
+import { tell } from "./_inotify.ts";
 
 /** Told an entry's name when it changes; `""`: events may have been lost. */
 export type Listener = (name: string, moved: boolean) => void;
@@ -38,10 +34,8 @@ export function watchPath(
   let path = dir;
   let key = identityOf(dir);
   if (key.startsWith("l") || key.startsWith("d")) {
-    // By its real path: Deno's watcher keeps one inotify watch per inode
-    // and counts its paths, so closing the watch of one path of a
-    // directory (a symlink to it) silenced every other watch of it for
-    // good (2.9.6).
+    // By its real path: Deno keeps one inotify watch per inode and counts
+    // paths, so closing a symlink's watch silenced every other for good.
     const real = realPath(dir);
     const k = real === undefined ? "" : identityOf(real);
     if (k.startsWith("d")) [path, key] = [real!, k];
@@ -50,8 +44,6 @@ export function watchPath(
     ? dirs.watch(path, key, listener)
     : watchFile(path, key, listener);
 }
-
-// --- directories: one watcher --------------------------------------------
 
 interface DirEntry {
   /** The identity (`d` and `dev:ino`) the path was armed on; `""`: gone. */
@@ -222,8 +214,6 @@ class Directories {
 
 const dirs = new Directories();
 
-// --- files: a watcher each -----------------------------------------------
-
 const watchedFiles = new Map<string, { key: string; open: number }>();
 const closedThisTurn = new Map<string, string>();
 let clearing = false;
@@ -281,22 +271,11 @@ function watchFile(
   };
 }
 
-// --- helpers -------------------------------------------------------------
-
 function close(watcher: Deno.FsWatcher): void {
   try {
     watcher.close();
   } catch {
     // Already closed.
-  }
-}
-
-/** Calls `listener`; one listener's failure is not another's. */
-export function tell(listener: Listener, name: string, moved: boolean): void {
-  try {
-    listener(name, moved);
-  } catch {
-    // One listener's failure is not another's.
   }
 }
 

@@ -1,8 +1,6 @@
 /**
- * The Deno implementation of {@linkcode Platform}. Every call of a lock
- * goes through libc where every permission is granted on Linux (`_at.ts`),
- * otherwise through Deno's ops (`_fs_deno.ts`), under the permissions
- * `_perm_deno.ts` asks about without a prompt.
+ * The Deno {@linkcode Platform}: libc (`_at.ts`) with every permission,
+ * else Deno's ops (`_fs_deno.ts`) under `_perm_deno.ts`'s checks.
  *
  * @module
  */
@@ -26,11 +24,9 @@ import { killLiveness, linkedDir, procIdentity } from "./_proc.ts";
 import { watchPath } from "./_watch_deno.ts";
 import { inotifyWatch } from "./_inotify_deno.ts";
 
-// Here, before anything else runs: the only platform the tests run on.
 checkPlatform(Deno.build.os, Deno.build.arch);
 
-// Whether a watch of this process went through Deno.watchFs (no libc, or
-// no inotify descriptor to be had): the flags of its failings hold.
+// A watch went through Deno.watchFs: its failings hold.
 let viaWatchFs = false;
 let hostnameCache: string | undefined;
 let identityCache: { boot: string; pidns: string } | undefined;
@@ -56,8 +52,7 @@ export const platform: Platform = {
   get watchMissesRemoval(): boolean {
     return viaWatchFs;
   },
-  // Deno.watchFs reports IN_CLOSE_WRITE as "access"; libc's watch asks
-  // for it.
+  // Deno.watchFs reports IN_CLOSE_WRITE as "access"; libc's asks for it.
   watchSeesClose: true,
   // Deno.open has no O_NONBLOCK; libc's open is given it.
   get openMayBlock(): boolean {
@@ -66,10 +61,8 @@ export const platform: Platform = {
 
   realDir(given: string): string {
     try {
-      // An open directory's /proc/self/fd/N names it in one readlink
-      // (Deno's realPath walks every component); a removed one reads
-      // "... (deleted)", which is no path. libc's, with every permission:
-      // Deno's refuses /proc without it.
+      // One readlink of /proc/self/fd/N, not a walk of every component;
+      // libc's: Deno refuses /proc without every permission.
       const l = given.startsWith("/proc/self/fd/") ? at() : null;
       if (l) return linkedDir(l.readlink(given) ?? "");
       const path = kernelPath(given);
@@ -85,20 +78,18 @@ export const platform: Platform = {
     if (hostnameCache !== undefined) return hostnameCache;
     hostnameCache = "";
     try {
-      // --allow-sys=hostname. (Reading /proc/sys/kernel/hostname instead
-      // needs all permissions on Deno 2.9, so it is no fallback.)
+      // /proc/sys/kernel/hostname needs every permission (Deno 2.9).
       const sys = Deno.permissions.querySync({ name: "sys", kind: "hostname" });
       if (sys.state === "granted") hostnameCache = Deno.hostname();
     } catch {
-      // No hostname: the record simply omits it.
+      // The record omits it.
     }
     hostnameCache = hostnameCache.replace(/[\r\n]/g, "");
     return hostnameCache;
   },
 
   identity(): { boot: string; pidns: string } {
-    // Deno lets a program read /proc only with all permissions; asking
-    // otherwise would be refused (or prompt), so without them it is omitted.
+    // Deno refuses (or prompts for) /proc without every permission.
     identityCache ??= LINUX && hasAllAccess()
       ? procIdentity(Deno.readTextFileSync, Deno.readLinkSync)
       : { boot: "", pidns: "" };
@@ -112,39 +103,23 @@ export const platform: Platform = {
   },
 
   turn(): Promise<void> {
-    // A timer, though it waits for the timers' next tick (2.1 ms, measured):
-    // Deno's setImmediate (0.05 ms) lets the due timers fire but serves no
-    // I/O (no socket, pipe or file operation completed between turns).
+    // A timer (2.1 ms, measured): Deno's setImmediate (0.05 ms) serves no
+    // I/O between turns.
     return new Promise((resolve) => setTimeout(resolve, 0));
-  },
-
-  unrefInterval(fn: () => void, ms: number): () => void {
-    const timer = setInterval(fn, ms);
-    Deno.unrefTimer(timer);
-    return () => clearInterval(timer);
   },
 
   openExisting,
 
   openDir(given: string): Dir {
-    // With every permission, libc pins it by a descriptor, as on Node and
-    // Bun. Otherwise Deno can name a directory descriptor only through
-    // node:fs (which costs every program the start-up of Deno's Node
-    // layer): so the canonical path, resolved once. Re-pointed symlinks,
-    // `..` and chdir cannot move the lock; an exchange of real directories
-    // between two calls could (PROTOCOL.md, "Pinning the directory").
+    // Without libc, only node:fs could open a directory (its start-up costs
+    // every program): the canonical path, resolved once (PROTOCOL.md,
+    // "Pinning the directory").
     const l = at();
     if (l !== null) {
-      // Named by its canonical path (Deno's watches are counted by path, so
-      // one directory must always be named alike: not /proc/self/fd/N,
-      // which differs per lock), found when first asked for: from the
-      // descriptor, one readlink; by realpath where /proc cannot tell (not
-      // mounted, the directory removed, the descriptor closed); else as
-      // given. Never an error of its own: a message may be what asks.
+      // Named by its canonical path, not /proc/self/fd/N: Deno's watches
+      // count paths, so a directory is always named alike. Found lazily,
+      // never throwing (a message may be what asks).
       return new FdDir(l, pinDir(l, given), given, (fd) => {
-        // A removed directory's link ends in " (deleted)"; so may a live
-        // one's, named the other way (the lock checks that a name names
-        // its directory).
         const dir = linkedDir(
           (fd < 0 ? undefined : l.readlink(`/proc/self/fd/${fd}`)) ?? "",
         );
@@ -164,7 +139,6 @@ export const platform: Platform = {
     } catch (err) {
       throw sysError(err, "realpath", path);
     }
-    // A file there makes the first create fail with ENOTDIR.
     return new PathDir(denoPaths, real);
   },
 
@@ -223,8 +197,8 @@ export const platform: Platform = {
     onChange: (name: string, moved: boolean) => void,
     keepAlive = true,
   ): (() => void) | undefined {
-    // A Deno watcher (Deno.watchFs, or node:fs.watch even with
-    // persistent: false) keeps the process alive: measured on 2.9.6.
+    // Deno.watchFs, and node:fs.watch even unpersistent, keep the process
+    // alive (2.9.6).
     if (!keepAlive) return undefined;
     try {
       need("read", dir, "watch");

@@ -1,15 +1,10 @@
 /**
- * The Node.js (and Bun) implementation of {@linkcode Platform}. Node has
- * neither flock nor the `*at()` calls: they are libc's, through koffi
- * (under Bun, `bun:ffi`), bound on the first lock operation
- * (`_libc_node.ts`). On Linux x86-64 and arm64 every call of a lock goes
- * through `_at.ts`; elsewhere `node:fs` serves (`_fs_node.ts`), with flock
- * through the FFI.
- *
- * Not `fs-native-extensions` or `os-lock`: those take fcntl/OFD locks, which
- * do not conflict with flock, so they would not exclude a Deno process,
- * `flock(1)` or Python. Only `LOCK_NB` is ever used: a blocking flock would
- * hold the event loop, or a libuv pool thread (fs-ext's known deadlock).
+ * The Node.js and Bun {@linkcode Platform}: flock and the `*at()` calls
+ * through koffi or `bun:ffi` (`_libc_node.ts`, `_at.ts`), else `node:fs`
+ * (`_fs_node.ts`) with flock through the FFI. Not `fs-native-extensions`
+ * or `os-lock`: their fcntl/OFD locks do not conflict with flock. Only
+ * `LOCK_NB`: a blocking flock holds the event loop or a libuv pool thread
+ * (fs-ext's deadlock).
  *
  * @module
  */
@@ -33,7 +28,6 @@ import {
 import { PathDir } from "./_path_dir.ts";
 import type { Dir, FileInfo, Handle, Liveness, Platform } from "./types.ts";
 
-// Here, before anything else runs: the only platform the tests run on.
 checkPlatform(process.platform, process.arch);
 
 const {
@@ -56,11 +50,9 @@ let hostnameCache: string | undefined;
 let identityCache: { boot: string; pidns: string } | undefined;
 
 /**
- * `mkdir -p`, one directory at a time. Not `mkdirSync(path, { recursive:
- * true })`: where mkdir answers ENOENT although the parent exists (procfs:
- * `/proc/x`, `/dev/fd/x`), Node's goes back to the parent, finds it, and
- * tries the child again, forever, at 100% CPU and deaf to SIGTERM (seen on
- * Node 20). Here the second ENOENT is the answer.
+ * `mkdir -p`. Not `mkdirSync(path, { recursive: true })`: where mkdir says
+ * ENOENT under an existing parent (`/proc/x`), Node 20's loops forever at
+ * 100% CPU, deaf to SIGTERM. Here the second ENOENT is the answer.
  */
 function mkdirParents(path: string): void {
   try {
@@ -75,7 +67,7 @@ function mkdirParents(path: string): void {
   try {
     mkdirSync(path);
   } catch (err) {
-    // Made meanwhile by another mkdir -p: as good.
+    // Made meanwhile by another mkdir -p.
     const code = (err as { code?: string }).code;
     if (code !== "EEXIST" || !isDirectory(path)) throw err;
   }
@@ -90,11 +82,9 @@ function isDirectory(path: string): boolean {
   }
 }
 
-// Whether /proc/self/fd/N names the open directory N (Linux with /proc
-// mounted). Asked once per process.
 let procFd: boolean | undefined;
 
-/** Whether /proc/self/fd/N names the open directory N. */
+/** Whether /proc/self/fd/N names the open directory N (asked once). */
 function procWorks(fd: number): boolean {
   if (procFd === undefined) {
     try {
@@ -110,8 +100,8 @@ function procWorks(fd: number): boolean {
 export const platform: Platform = {
   runtime: isBun ? "bun" : "node",
   pid: process.pid,
-  // libuv drops the kernel's queue overflow on Linux, but only in a burst,
-  // whose queued events it delivers; Bun reports it (a null name).
+  // libuv drops inotify's overflow, but only in a burst it delivers; Bun
+  // reports it (a null name).
   watchLosesQuietly: false,
   watchMissesRemoval: false,
   // libuv's inotify mask and Bun's leave out IN_CLOSE_WRITE.
@@ -120,11 +110,8 @@ export const platform: Platform = {
 
   realDir(path: string): string {
     try {
-      // An open directory's /proc/self/fd/N names it in one readlink
-      // (realpath walks every component); a removed one reads
-      // "... (deleted)", which is no path.
+      // One readlink, where realpath walks every component.
       if (path.startsWith(FD_PREFIX)) {
-        // A live directory whose own name ends in " (deleted)": realpath.
         return linkedDir(readlinkSync(path)) || realpathSync.native(path);
       }
       return realpathSync.native(path);
@@ -148,7 +135,6 @@ export const platform: Platform = {
     if (l) {
       const fd = pinDir(l, path);
       if (procWorks(fd)) return new FdDir(l, fd, path, `${FD_PREFIX}${fd}`);
-      // No /proc: still pinned by the descriptor; the canonical path names it.
       try {
         return new FdDir(l, fd, path, realpathSync.native(path));
       } catch (err) {
@@ -163,7 +149,6 @@ export const platform: Platform = {
       throw sysError(err, "open", path);
     }
     if (procWorks(fd)) return new PathDir(nodePaths, `${FD_PREFIX}${fd}`, fd);
-    // No /proc: the canonical path, resolved once.
     try {
       return new PathDir(nodePaths, realpathSync.native(path));
     } catch (err) {
@@ -220,21 +205,13 @@ export const platform: Platform = {
   },
 
   turn(): Promise<void> {
-    // After the poll for I/O and the due timers, where a setTimeout(0)
-    // waits for the timers' next tick: 0.02-0.09 ms against 1.0-1.2 ms
-    // (Node, Bun; measured).
+    // 0.02-0.09 ms, where setTimeout(0) waits for the timers' next tick,
+    // 1.0-1.2 ms (Node, Bun; measured).
     return new Promise((resolve) => setImmediate(resolve));
   },
 
-  unrefInterval(fn: () => void, ms: number): () => void {
-    const timer = setInterval(fn, ms);
-    timer.unref();
-    return () => clearInterval(timer);
-  },
-
   processAlive(pid: number): Liveness {
-    // Through libc where the *at() path is bound: process.kill throws an
-    // exception per dead PID, and costs ~0.2 µs more a call.
+    // process.kill throws per dead PID and costs ~0.2 µs more.
     const l = ffi();
     if (l) return killLiveness(l.kill(pid, 0), () => l.errno());
     try {
@@ -264,11 +241,5 @@ export const platform: Platform = {
     }
   },
 
-  watchClose(
-    path: string,
-    onClose: () => void,
-    ends?: boolean,
-  ): (() => void) | undefined {
-    return watchClose(path, onClose, ends);
-  },
+  watchClose,
 };

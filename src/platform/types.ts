@@ -1,13 +1,9 @@
 /**
- * The small platform interface that the protocol core talks to.
- *
- * The core (`src/file/_protocol.ts` and friends) never touches `Deno.*`,
- * `node:fs` or FFI: every system call goes through a {@linkcode Platform}.
- * One file per runtime implements it; the build swaps `current.ts`.
- *
- * Every method is synchronous: each maps to one or two non-blocking system
- * calls, so there is nothing to gain from a thread pool, and a sync core can
- * serve both `acquire` and `acquireSync`.
+ * The platform interface the protocol core talks to: the core never
+ * touches `Deno.*`, `node:fs` or FFI. One file per runtime implements it;
+ * the build swaps `current.ts`. Every method is synchronous (one or two
+ * non-blocking system calls each), so one core serves `acquire` and
+ * `acquireSync`.
  *
  * @module
  */
@@ -40,16 +36,15 @@ export interface Handle {
   /** Writes all of `data` at the current offset. */
   write(data: Uint8Array): void;
   /**
-   * Writes all of `data` at `offset` (`pwrite`), never moving this open
-   * file's offset, which other descriptors of it share. Where the runtime
-   * has no positional write, through a second open file of `path` (the
-   * file's name now), written only if it is this inode.
+   * Writes all of `data` at `offset` (`pwrite`), never moving the offset
+   * other descriptors share. Without a positional write, through a second
+   * open of `path`, written only if it is this inode.
    */
   writeAt(data: Uint8Array, offset: number, path: string): void;
   /**
-   * Reads up to `max` bytes from offset 0. The answer is a view on a buffer
-   * that the next read of any handle reuses (a copy cost 0.6 µs per record
-   * on Node, more than the read itself): use it before reading again.
+   * Reads up to `max` bytes from offset 0, as a view on a buffer the next
+   * read of any handle reuses (a copy cost 0.6 µs per record on Node, more
+   * than the read): use it before reading again.
    */
   readAll(max: number): Uint8Array;
   /** `fstat(fd)`. */
@@ -57,21 +52,17 @@ export interface Handle {
   /** `fchmod(fd, mode)` (or the runtime's nearest equivalent). */
   chmod(mode: number): void;
   /**
-   * Renumbers the descriptor above the process's others where the runtime
-   * can (`F_DUPFD_CLOEXEC` to 1024 or more), so that if the process dies
-   * the kernel drops the flock before it closes the process's other files:
-   * it closes a dying process's files from the highest descriptor down,
-   * and the close of an inotify instance with watches waits for an RCU
-   * grace period. A C holder let go of the flock 0.4-0.6 ms after SIGKILL
-   * with its lock above its inotify descriptor, 0.6-21 ms at random with
-   * it below (Linux 6.18). Never throws; where it cannot, nothing changes.
+   * Renumbers the descriptor above the process's others where it can
+   * (`F_DUPFD_CLOEXEC` to 1024+): the kernel closes a dying process's files
+   * from the highest down, and closing an inotify instance with watches
+   * waits for an RCU grace period. A C holder's flock went 0.4-0.6 ms after
+   * SIGKILL with the lock above its inotify descriptor, 0.6-21 ms below it
+   * (Linux 6.18). Never throws.
    */
   closeFirstAtExit(): void;
   /**
-   * The descriptor's number in this process, where the runtime has one
-   * (undefined under Deno without FFI, whose files have none): `runlock
-   * run` hands it to its command, as flock(1) does, so that the lock lives
-   * as long as the command does.
+   * The descriptor's number (undefined under Deno without FFI): `runlock
+   * run` hands it to its command, as flock(1) does.
    */
   fd(): number | undefined;
   /** `close(fd)`; drops the flock. Never throws. */
@@ -79,40 +70,28 @@ export interface Handle {
 }
 
 /**
- * A directory resolved once and pinned: every later call of a lock names
- * its entries relative to it (through the open descriptor with the `*at()`
- * system calls where the runtime can make them, otherwise as
- * `${prefix}/${name}`), so re-pointed symlinks, `..` and `chdir` cannot
- * make a later call land in another directory.
- *
- * The failures the protocol expects on its hot path (`ENOENT`, `EEXIST`)
- * are returned as values, never thrown: a free lock or a lost race costs
- * no exception. Every other failure throws {@linkcode SysError}.
+ * A directory resolved once and pinned: later calls name entries relative
+ * to it (its descriptor with the `*at()` calls, else `${prefix}/${name}`),
+ * so re-pointed symlinks, `..` and `chdir` cannot move them. `ENOENT` and
+ * `EEXIST` are returned as values (a free lock or a lost race costs no
+ * exception); every other failure throws {@linkcode SysError}.
  */
 export interface Dir {
   /**
-   * The path that names the pinned directory: `/proc/self/fd/N` where the
-   * runtime can name an open directory descriptor (Linux), otherwise the
-   * directory's canonical path (symlinks and `..` resolved at pin time).
+   * The path naming the directory: `/proc/self/fd/N` where the runtime can
+   * name its descriptor, else its canonical path at pin time.
    */
   readonly prefix: string;
   /** Whether the directory is held by an open descriptor (true pinning). */
   readonly byDescriptor: boolean;
   /**
-   * Creates `name` with `O_CREAT|O_EXCL|O_RDWR|O_CLOEXEC`, mode 0644.
-   * Never follows a symlink (O_EXCL refuses one). `"EEXIST"` or `"ENOENT"`
-   * (the directory refuses new files, or is gone) as values.
+   * Creates `name` with `O_CREAT|O_EXCL|O_RDWR|O_CLOEXEC`, mode 0644 (O_EXCL
+   * refuses a symlink). `"ENOENT"`: the directory is gone.
    */
   create(name: string): Handle | "EEXIST" | "ENOENT";
-  /**
-   * Opens the existing regular file `name` as
-   * {@linkcode Platform.openExisting} does; `"ENOENT"` as a value.
-   */
+  /** Opens `name` as {@linkcode Platform.openExisting} does. */
   open(name: string): Handle | "ENOENT";
-  /**
-   * `linkat(2)` of `existing` to `created`, both in this directory:
-   * `undefined` when linked, `"EEXIST"` or `"ENOENT"` as values.
-   */
+  /** `linkat(2)` of `existing` to `created`; `undefined` when linked. */
   link(existing: string, created: string): "EEXIST" | "ENOENT" | undefined;
   /** `unlinkat(2)`: `undefined` when removed, `"ENOENT"` as a value. */
   unlink(name: string): "ENOENT" | undefined;
@@ -132,44 +111,35 @@ export interface Platform {
   /** This process's PID. */
   readonly pid: number;
   /**
-   * Whether {@linkcode Platform.watchDir} may lose events without saying
-   * so other than in a burst (whose events it delivers first): then a
-   * watch's only safety is a periodic look of its own.
+   * Whether {@linkcode Platform.watchDir} may lose events without saying so
+   * (other than in a burst it delivers): then a watch also looks periodically.
    */
   readonly watchLosesQuietly: boolean;
   /**
-   * Whether the watch of a directory that is removed may report nothing
-   * at all (neither the directory's end nor its entries'): then a watch
-   * looks at its directories periodically.
+   * Whether a watched directory's removal may report nothing at all: then a
+   * watch looks at its directories periodically.
    */
   readonly watchMissesRemoval: boolean;
   /**
-   * Whether {@linkcode Platform.watchDir} reports the close of a file
-   * opened for writing (inotify's `IN_CLOSE_WRITE`, a change not `moved`),
-   * the kernel's close of a dead holder's descriptor included, under the
-   * name the descriptor was opened by (an acquire's temp file, unlinked
-   * since, where the holder died after its link). Then a watch of a lock
-   * file or of its directory sees the holder's death: no
-   * {@linkcode Platform.watchClose} is needed beside it, and a waiter's
-   * looks can be rare. Deno: true (its watch reports the close as
-   * "access"); Node and Bun: false (libuv's and Bun's masks leave it out).
+   * Whether {@linkcode Platform.watchDir} reports the close of a file opened
+   * for writing (`IN_CLOSE_WRITE`, not `moved`; a dead holder's included,
+   * under the name it was opened by): then it sees a holder's death and no
+   * {@linkcode Platform.watchClose} is needed. Deno: true ("access"); Node
+   * and Bun: false (libuv's and Bun's masks leave it out).
    */
   readonly watchSeesClose: boolean;
   /** This host's name, or `""` when it cannot be had without asking. */
   hostname(): string;
   /**
    * Opens an existing regular file read-only, close-on-exec, without
-   * following a symlink and without blocking on a FIFO.
-   * Throws `SysError` `ELOOP` for a symlink, `EFTYPE` for anything that is
-   * not a regular file (a socket, FIFO, device or directory), and `ERACE`
-   * when the path was replaced while it was being opened (look again).
-   * A missing file is `"ENOENT"`, returned, not thrown.
+   * following a symlink or blocking on a FIFO. Throws `SysError` `ELOOP`
+   * for a symlink, `EFTYPE` for any other non-regular file, `ERACE` when
+   * the path was replaced meanwhile (look again); returns `"ENOENT"`.
    */
   openExisting(path: string): Handle | "ENOENT";
   /**
    * Resolves the directory `path` once and pins it (see {@linkcode Dir}).
-   * Throws `SysError` `ENOENT` when it does not exist, `ENOTDIR` when it is
-   * not a directory.
+   * Throws `SysError` `ENOENT` or `ENOTDIR`.
    */
   openDir(path: string): Dir;
   /** `lstat(2)`, or `null` when the path does not exist. */
@@ -178,46 +148,31 @@ export interface Platform {
   mkdirp(path: string): void;
   /** Names in a directory. */
   readDir(path: string): string[];
-  /**
-   * Entries of a directory with their kind as the directory reports it
-   * (never following a symlink); `other` where it does not say.
-   */
+  /** Entries with their kind as the directory reports it (`other` if not). */
   readDirKinds(path: string): { name: string; kind: FileInfo["kind"] }[];
   /**
-   * This process's identity beyond its PID, read without a prompt where the
-   * runtime may: the Linux boot id and the inode of its PID namespace
-   * (`""` each when they cannot be read).
+   * The Linux boot id and the inode of this process's PID namespace, read
+   * without a prompt (`""` each when they cannot be).
    */
   identity(): { boot: string; pidns: string };
   /**
-   * Calls `fn` every `ms` milliseconds on a timer that never keeps the
-   * process alive, until the returned function is called.
-   */
-  unrefInterval(fn: () => void, ms: number): () => void;
-  /**
-   * Calls `fn` once after `ms` milliseconds (0 by default: once the event
-   * loop turns), on a timer that never keeps the process alive, unless the
-   * returned function is called first.
+   * Calls `fn` after `ms` (default 0) milliseconds, on a timer that never
+   * keeps the process alive, unless the returned function is called first.
    */
   unrefLater(fn: () => void, ms?: number): () => void;
-  /**
-   * A turn of the event loop, for a long synchronous task to let the rest
-   * of the program run: the timers that are due fire and the I/O that is
-   * ready is served before it resolves.
-   */
+  /** A turn of the event loop: due timers fire and ready I/O is served. */
   turn(): Promise<void>;
   /**
-   * `kill(pid, 0)`, answered without ever prompting for a permission. The
-   * core only asks about valid PIDs (1 to 2^31-1) of other processes.
+   * `kill(pid, 0)`, never prompting; `pid` is another process's, 1 to
+   * 2^31-1.
    */
   processAlive(pid: number): Liveness;
   /**
    * Calls `onChange` with an entry's name when an entry of `dir` changes
-   * (`moved`: it was created, removed or renamed, not just modified),
-   * until the returned function is called; with `""` (not `moved`) when
-   * the watch lost events and says so (any entry may have changed). Returns `undefined`
-   * when watching is not possible; callers then poll. With `keepAlive:
-   * false` the watch must not keep the process alive, or is not made.
+   * (`moved`: created, removed or renamed), or with `""` when events were
+   * lost, until the returned function is called. `undefined` when it cannot
+   * watch (callers poll). With `keepAlive: false` the watch must not keep
+   * the process alive, or is not made.
    */
   watchDir(
     dir: string,
@@ -225,16 +180,12 @@ export interface Platform {
     keepAlive?: boolean,
   ): (() => void) | undefined;
   /**
-   * Calls `onClose` when a descriptor opened for writing on the file at
-   * `path` is closed, including by the kernel when its holder dies, until
-   * the returned function is called. Never keeps the process alive.
-   * With `ends`, also when the file is unlinked, renamed, or replaced by a
-   * rename over it (and when it gains a hard link, or its mode, owner or
-   * times change: inotify's `IN_ATTRIB` covers all of these): the events that
-   * end a holder's file, so that a waiter needs no other watch of it.
-   * Returns `undefined` where the runtime cannot (or need not: see
-   * {@linkcode Platform.watchSeesClose}); callers then rely on their other
-   * wake-ups and their poll.
+   * Calls `onClose` when a descriptor opened for writing on `path` is
+   * closed (by the kernel too, when its holder dies), until the returned
+   * function is called; never keeps the process alive. With `ends`, also
+   * when the file is unlinked, renamed or renamed over (`IN_ATTRIB`, which
+   * a new link or a mode, owner or times change also is). `undefined`
+   * where it cannot or need not ({@linkcode Platform.watchSeesClose}).
    */
   watchClose(
     path: string,
@@ -243,8 +194,7 @@ export interface Platform {
   ): (() => void) | undefined;
   /**
    * Whether opening a file can block (no `O_NONBLOCK`: a FIFO swapped in
-   * between the `lstat` and the `open` would hang it). Deno: true, except
-   * with every permission (libc's open, given `O_NONBLOCK`).
+   * after the `lstat` would hang it). Deno without every permission.
    */
   readonly openMayBlock: boolean;
   /** The canonical path of a directory (`realpath`), or `""` if unknown. */
