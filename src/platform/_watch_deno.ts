@@ -36,9 +36,13 @@ export function watchPath(
   if (key.startsWith("l") || key.startsWith("d")) {
     // By its real path: Deno keeps one inotify watch per inode and counts
     // paths, so closing a symlink's watch silenced every other for good.
-    const real = realPath(dir);
-    const k = real === undefined ? "" : identityOf(real);
-    if (k.startsWith("d")) [path, key] = [real!, k];
+    try {
+      const real = Deno.realPathSync(dir);
+      const k = identityOf(real);
+      if (k.startsWith("d")) [path, key] = [real, k];
+    } catch {
+      // Watched as given.
+    }
   }
   return key.startsWith("d")
     ? dirs.watch(path, key, listener)
@@ -276,15 +280,6 @@ function close(watcher: Deno.FsWatcher): void {
     watcher.close();
   } catch {
     // Already closed.
-  }
-}
-
-/** `path` with every symlink resolved, or `undefined` if it cannot be. */
-function realPath(path: string): string | undefined {
-  try {
-    return Deno.realPathSync(path);
-  } catch {
-    return undefined;
   }
 }
 

@@ -228,7 +228,6 @@ export const platform: Platform = {
   watchDir(
     dir: string,
     onChange: (name: string, moved: boolean) => void,
-    _keepAlive?: boolean,
   ): (() => void) | undefined {
     try {
       const watcher = watch(dir, { persistent: false }, (event, name) => {
