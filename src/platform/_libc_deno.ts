@@ -30,7 +30,7 @@ const F_DUPFD_CLOEXEC = 1030;
 const ENOENT = 2;
 const ENAMETOOLONG = 36;
 
-/** Linux errno names: libc's, and Deno's "(os error N)" it names not. */
+/** Linux's errno names: libc's, and those Deno gives as "(os error N)". */
 export const ERRNO: Record<number, string> = {
   1: "EPERM",
   2: "ENOENT",
@@ -290,8 +290,8 @@ export function forgetReadGrant(): void {
 /**
  * `lstat(2)` through libc: the struct, `null` for ENOENT, another errno,
  * or `undefined` where libc is not asked (then `Deno.lstatSync`): only
- * where reading has no scope, so that Deno's op would refuse no path libc
- * answers for.
+ * where reading has no scope or --deny-read, so that Deno's op would
+ * refuse no path libc answers for.
  */
 export function lstatLibc(path: string): FileInfo | null | number | undefined {
   if (readOk === undefined) {

@@ -405,7 +405,7 @@ export function errnoError(
 
 let errnoNames: Map<number, string> | undefined;
 
-/** Why {@linkcode libc} could not load (a broken koffi install), thrown. */
+/** Throws why {@linkcode libc} could not load (a missing or broken koffi). */
 export function noFfi(): never {
   const why = failure instanceof Error ? failure.message : String(failure);
   throw new SysError(

@@ -112,8 +112,8 @@ export const platform: Platform = {
 
   openDir(given: string): Dir {
     // Without libc, only node:fs could open a directory (its start-up costs
-    // every program): the canonical path, resolved once (PROTOCOL.md,
-    // "Pinning the directory").
+    // every program): the canonical path, resolved once, which an exchange
+    // of real directories could move (PROTOCOL.md, "Pinning the directory").
     const l = at();
     if (l !== null) {
       // Named by its canonical path, not /proc/self/fd/N: Deno's watches
@@ -139,6 +139,7 @@ export const platform: Platform = {
     } catch (err) {
       throw sysError(err, "realpath", path);
     }
+    // A file there: ENOTDIR at the first create.
     return new PathDir(denoPaths, real);
   },
 

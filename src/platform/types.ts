@@ -57,7 +57,7 @@ export interface Handle {
    * from the highest down, and closing an inotify instance with watches
    * waits for an RCU grace period. A C holder's flock went 0.4-0.6 ms after
    * SIGKILL with the lock above its inotify descriptor, 0.6-21 ms below it
-   * (Linux 6.18). Never throws.
+   * (Linux 6.18). Never throws; where it cannot, a no-op.
    */
   closeFirstAtExit(): void;
   /**
