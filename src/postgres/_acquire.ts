@@ -1,12 +1,16 @@
-// The acquire procedure: the one-round-trip try, the probe when that
-// fails, and waiting (first come, first served, in slices: _wait.ts) until
-// the lock is taken, the timeout passes, the caller aborts, or something
-// fails; a waiter whose server goes away reconnects while it has time left.
+// The acquire procedure: the try, the probe when that fails, and waiting
+// (_wait.ts); a waiter whose server goes away reconnects while it has time.
 import { clearTimeout, setTimeout } from "node:timers";
 import { process } from "../_process.ts";
 import { ContendedError, HeldError, RunlockError } from "../errors.ts";
 import { checkMeta } from "../meta.ts";
-import { causeOf, messageOf, REROUTED, sqlState } from "./_failure.ts";
+import {
+  causeOf,
+  messageOf,
+  REROUTED,
+  SOCKET_GONE,
+  sqlState,
+} from "./_failure.ts";
 import type { AcquireHost } from "./_host.ts";
 import { keyOf, type LockTag, lockTagOf } from "./_key.ts";
 import { heldByThisProcess } from "./_lock.ts";
@@ -20,22 +24,14 @@ import type { PgAcquireOptions, PgLock } from "./types.ts";
 
 /** Attempts when the lock keeps changing hands between our statements. */
 const MAX_SPINS = 16;
-/**
- * Reconnecting after the server went away while we waited: the first
- * pause, doubled after each failed attempt up to the last. A server that
- * restarts sends no event to wait for, so this is a backoff.
- */
+/** Reconnection backoff (a restarting server sends no event to wait for). */
 const RECONNECT_FIRST_MS = 20;
 const RECONNECT_MAX_MS = 1_000;
 
 /**
- * Takes the lock `name` for `host`'s pgLocks object: at once if free,
- * else waiting (in slices, in order of arrival) until `options.timeout`,
- * the signal's abort, or a failure. An acquire that may wait replaces a
- * session the server ended while there is time left (a restart, a crash,
- * a terminated backend), and retries a server that is starting up or
- * shutting down until its deadline; one that refuses connections before
- * it ever answered, only for connectTimeout.
+ * Takes the lock `name` for `host`'s pgLocks object, waiting until
+ * `options.timeout`, an abort or a failure (docs/postgres.md, "Waiting
+ * through a restart or a failover").
  */
 export async function acquire(
   host: AcquireHost,
@@ -48,7 +44,6 @@ export async function acquire(
   const signal = options?.signal;
   signal?.throwIfAborted();
   const since = heldByThisProcess(host.here(name));
-  // Waiting would wait on ourselves.
   if (since !== undefined) throw heldHere(name, since);
   const key = keyOf(name, host.schema);
   const call: Call = {
@@ -68,13 +63,8 @@ export async function acquire(
     waits: timeout > 0,
     signal,
   };
-  // An acquire that may wait retries a server that is not there yet (a
-  // connection refused, "starting up", "shutting down": a restart) until
-  // its deadline, whether its first session or a later one meets it. But
-  // a server that never answered this acquire (a refused or reset
-  // connection, no SQLSTATE) is retried only for connectTimeout: that is
-  // as likely a wrong host or port as a restart, and a long timeout must
-  // not hide it.
+  // A server that never answered this acquire is retried only for
+  // connectTimeout: as likely a wrong host or port as a restart.
   const began = performance.now();
   let reached = false;
   let pause = 0;
@@ -105,34 +95,28 @@ export async function acquire(
     } catch (err) {
       if (session.lost === undefined) host.giveBack(session);
       else session.destroy();
-      // A kept session may have died while idle (server restart): that
-      // says nothing about the lock, so try once more on a new one.
+      // A kept session that died while idle says nothing: once more.
       if (reused && attempt === 0 && session.lost !== undefined) {
         if (!(err instanceof HeldError) && !signal?.aborted) continue;
       }
       if (signal?.aborted && !(err instanceof RunlockError)) {
         throw signal.reason;
       }
-      // A statement reached another client's server session: a pooler
-      // that cannot hold a session lock. Never retried.
+      // A pooler that cannot hold a session lock: never retried.
       if (session.lost === REROUTED) {
         throw new PoolerError(name, `its session ${REROUTED}`, {
           cause: err,
         });
       }
-      // The session ended under us (a server restart gives every waiter
-      // 57P01 at once, and may be back 0.2 s later): a waiter with time
-      // left connects again and waits on. A lock granted to that session
-      // went with it. Not a session we gave up on ourselves (no answer in
-      // time: a silent server or link), which fails rather than wait out
-      // the timeout on it.
+      // The server ended the session (a restart gives every waiter 57P01,
+      // and may be back 0.2 s later): connect again while there is time.
+      // Not one we gave up on (no answer: a silent server or link).
       if (
         session.lost !== undefined &&
         !session.lost.startsWith("did not answer") &&
         !(err instanceof RunlockError) && timeLeft(call)
       ) {
-        // A session that died young may be a server that keeps ending
-        // them: do not reconnect in a tight loop.
+        // A server that keeps ending young sessions: no tight loop.
         if (performance.now() - opened > RECONNECT_MAX_MS) pause = 0;
         else await backOff();
         continue;
@@ -155,29 +139,19 @@ function timeLeft(call: Call): boolean {
   return call.deadline - performance.now() > 0;
 }
 
-/** Socket errors of a server, or a path to it, that is not there yet. */
-const NOT_THERE = new Set([
-  "ECONNREFUSED",
-  "ECONNRESET",
-  "EPIPE",
-  "ETIMEDOUT",
-  "EHOSTUNREACH",
-  "ENETUNREACH",
-  "EHOSTDOWN",
-]);
-
 /**
- * Whether a failed connection is a server on its way back: refused (not
- * listening yet), reset or ended during the handshake, unreachable, no
- * answer within connectTimeout (a server busy starting, or accepting a
- * storm of reconnections), or refusing with 57P01-57P03 (shutting down,
- * crashed, starting up / in recovery) or 53300 (too many connections:
- * the waiters of a restart reconnecting at once).
+ * Whether a failed connection is a server on its way back: a socket
+ * error, no answer within connectTimeout, 57P01-57P03 (shutting down,
+ * crashed, starting up) or 53300 (a restart's waiters all reconnecting).
  */
 function comingBack(err: unknown): boolean {
   const cause = causeOf(err) ?? err;
   const code = (cause as { code?: unknown } | null)?.code;
-  if (typeof code === "string" && NOT_THERE.has(code)) return true;
+  if (
+    typeof code === "string" && (SOCKET_GONE.has(code) || code === "EHOSTDOWN")
+  ) {
+    return true;
+  }
   const state = sqlState(cause);
   if (state !== undefined) return /^57P0[1-3]$|^53300$/.test(state);
   return /Connection terminated|timeout expired/i.test(messageOf(cause));
@@ -206,12 +180,9 @@ function sleep(ms: number, signal: AbortSignal | undefined): Promise<void> {
 }
 
 /**
- * Takes the lock on one session, or fails. From the first statement to
- * the last, an abort cancels whatever statement the session runs (the
- * session's cancel holds until it has settled, so a cancel that reaches
- * the server before the statement does is sent again),
- * and no statement starts once the signal is aborted. The session then
- * ends (with any lock it was granted meanwhile, released first).
+ * Takes the lock on one session, or fails. An abort cancels the running
+ * statement (see Session.cancel), starts none after, and ends the session
+ * (releasing a lock granted meanwhile).
  */
 async function acquireOn(
   call: Call,
@@ -233,25 +204,21 @@ async function acquireOn(
     signal?.removeEventListener("abort", abort);
   }
   if (signal?.aborted) {
-    // Aborted: the lock, if this session was just granted it, is not
-    // handed out. The abort listener may not have run (aborted before it
-    // was added): cancel now.
+    // The listener may not have run (aborted before it was added).
     await (canceled ?? session.cancel());
     if (row !== undefined) {
       await session.query(
         host.sql.release,
         [name, row.fence, session.nonce],
-        "runlock_release",
-        false,
         host.statementTimeout,
+        "runlock_release",
       ).catch(() => {});
     }
     session.destroy("was closed after a canceled acquire");
     throw signal.reason;
   }
   if (failure !== undefined) {
-    // Leave the queue before the session goes back to the pool: our node
-    // would hold up every waiter behind it.
+    // Our node would hold up every waiter behind it.
     if (queue.joined && session.lost === undefined) {
       await queue.leaveAll().catch(() => session.destroy());
     }
@@ -269,10 +236,9 @@ async function takeOrWait(
   const { host, name, key, tag, signal } = call;
   for (let spins = 0;;) {
     signal?.throwIfAborted();
-    // An acquire that may wait and is not queued yet takes the lock only
-    // if nobody is queued for it; a queued one, at the end of a slice,
-    // takes it if it is free (a predecessor that is stopped, or of another
-    // name, would hold it up for longer); one that may not wait, if free.
+    // Not queued yet: take it only if nobody is queued. Queued, at a
+    // slice's end, or not waiting: take it if free (a stopped predecessor,
+    // or another name's, would hold us up longer).
     const unqueued = call.waits && queue.ticket === undefined;
     const rows = await attempt(
       call,
@@ -287,8 +253,7 @@ async function takeOrWait(
       return tried;
     }
     if (unqueued && tried?.queued === true) queue.adopt(tried.ticket as number);
-    // Others are queued, or we are: the lock may be free for a moment, on
-    // its way to the queue's head.
+    // A queue: the lock may be free for a moment, on its way to the head.
     const queued = unqueued &&
       (tried?.empty === false || tried?.queued === true);
     signal?.throwIfAborted();
@@ -311,9 +276,8 @@ async function takeOrWait(
     }
     if (!timeLeft(call)) {
       if (held) throw heldError(name, found.info);
-      // Time is up while the lock is free on its way to the queue's head
-      // (a restart just emptied it, say): a last try past the queue, so
-      // that the answer is the lock or who holds it, not "contended".
+      // Time is up while the lock is on its way to the head: a last try
+      // past the queue, so the answer is the lock or its holder.
       const last = await attempt(
         call,
         session,
@@ -339,10 +303,8 @@ async function takeOrWait(
 }
 
 /**
- * The lock for a successful acquire statement. If the session ended
- * after the server answered and before we got here (a restart, a
- * termination), the lock is already gone: say so instead of returning a
- * lock whose signal is aborted before anyone could listen to it.
+ * The lock for a successful acquire statement, unless the session ended
+ * since: never a lock whose signal aborted before anyone could listen.
  */
 function lockOn(
   host: AcquireHost,

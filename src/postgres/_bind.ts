@@ -1,45 +1,27 @@
-// Binding a new lock session to this client, and refusing a connection
-// that cannot hold a session-level advisory lock.
+// Binding a new lock session to this client, or refusing a connection that
+// cannot hold a session-level advisory lock (docs/postgres.md, "Poolers,
+// proxies and failover"). A pooler or balancer that moves statements
+// between server sessions breaks such a lock: another client's statement
+// on the holder's server session is granted it again (it is reentrant).
 //
-// A session-level advisory lock belongs to one server session. Between
-// runlock and the server there may be a pooler or a balancer that sends
-// one client's statements to several server sessions, or one server
-// session's statements from several clients: PgBouncer in transaction or
-// statement mode, pgpool-II's load balancing, a managed proxy. There a
-// lock taken by one statement is not held by the next one's session, and
-// another client's statement on the holder's server session is granted
-// the same lock again (advisory locks are reentrant within a session).
-//
-// So each lock session is bound, once, right after it connects:
-// 1. it reads pg_backend_pid(). When the connection's BackendKeyData
-//    names another process (a pooler answered the startup, not the
-//    server), the session is pooled, and:
-//    a. a second connection reads pg_backend_pid() too, while the first
-//       is idle: a transaction or statement pooler hands it the first
-//       one's server session (PgBouncer reuses the last one first), a
-//       session pooler never. The same number: refused.
-//    b. it opens a transaction, and stays in one for as long as it lives
-//       (`Session.pinned`: each statement is followed by COMMIT AND CHAIN,
-//       or ROLLBACK AND CHAIN after a failure, in one statement): a pooler
-//       hands no server session in a transaction to another client,
-//       whatever its mode, and drops (or resets) one whose client left it
-//       in a transaction, with whatever that session held.
-// 2. it claims its server session: it sets the custom setting
-//    SESSION_SETTING to a random nonce, and runlock's session settings,
-//    only if no client claimed it before; in the same statement it reads
-//    pg_backend_pid() again. A server session claimed before serves
-//    another runlock client, and a different number means its statements
-//    do not stay on one server session: both refused. Through a pooler
-//    the claim is inside step 1b's transaction: a client that dies or is
-//    refused before it is committed leaves no claim behind.
-// Step 1a is a check a pooler may pass by chance (under load, a
-// transaction pooler may give the second connection another server
-// session); step 1b makes what follows safe all the same: a lock is taken,
-// held and released only inside the transaction. Every advisory lock
-// function a lock session calls is also guarded by its nonce (`guarded`,
-// _sql.ts), and the heartbeat asks pg_locks whether this very server
-// session still holds the key: a statement that reaches another server
-// session fails, and can neither take, keep nor release a lock there.
+// Steps, once, right after connecting:
+// 1. read pg_backend_pid(). If BackendKeyData names another process, a
+//    pooler answered the startup, and:
+//    a. a second connection, while the first is idle, must not get the
+//       same server session (a transaction or statement pooler hands it
+//       over, PgBouncer last-used first; a session pooler never);
+//    b. the session opens a transaction and stays in one for life
+//       (`Session.pinned`): no pooler hands a server session in a
+//       transaction to another client, and each drops (or resets) one its
+//       client left in a transaction, with what it held.
+// 2. claim the server session: set SESSION_SETTING to a random nonce, and
+//    the session settings, only if nobody claimed it, and read
+//    pg_backend_pid() again: a prior claim or a changed pid is refused.
+//    Through a pooler the claim is inside 1b's transaction, so a client
+//    that dies before committing it leaves none.
+// 1a may pass by chance under load; 1b keeps the lock safe all the same,
+// and `guarded` (_sql.ts) and the heartbeat make a statement that reaches
+// another server session fail rather than act there.
 import { messageOf } from "./_failure.ts";
 import type { Session } from "./_session.ts";
 import { SESSION_SETTING } from "./_settings.ts";
@@ -113,18 +95,12 @@ async function bindOrRefuse(
   context: BindContext,
 ): Promise<void> {
   const { name, timeout } = context;
-  const [first] = await session.query(
-    BACKEND,
-    [],
-    undefined,
-    false,
-    timeout,
-  );
+  const [first] = await session.query(BACKEND, [], timeout);
   const backend = first?.backend as number;
   if (session.backendPid !== backend) {
     await notShared(backend, context);
     try {
-      await session.query("BEGIN", [], undefined, false, timeout);
+      await session.query("BEGIN", [], timeout);
     } catch (err) {
       // PgBouncer in statement mode: "transaction blocks not allowed".
       throw new PoolerError(
@@ -139,13 +115,10 @@ async function bindOrRefuse(
   }
   const nonce = newNonce();
   const names = Object.keys(context.settings);
-  const [claim] = await session.query(
-    claimStatement(names),
-    [nonce, ...names.map((n) => unescape(context.settings[n]))],
-    undefined,
-    false,
-    timeout,
-  );
+  const [claim] = await session.query(claimStatement(names), [
+    nonce,
+    ...names.map((n) => unescape(context.settings[n])),
+  ], timeout);
   const before = claim?.before;
   if (typeof before === "string" && before !== "") {
     throw new PoolerError(
@@ -168,19 +141,14 @@ async function bindOrRefuse(
 }
 
 /**
- * How long step 1a may take. A transaction pooler hands the second
- * connection the first one's idle server session at once; a session
- * pooler whose pool is full makes it wait for a free one, which says
- * nothing against the first, and must not hold up the acquire.
+ * How long step 1a may take: a transaction pooler answers at once, while a
+ * full session pooler makes it wait, which says nothing against the first.
  */
 const SECOND_LOOK_MS = 1_000;
 
 /**
- * Step 1a: through a pooler, a second connection must not be handed the
- * first one's server session (`backend`) while the first is idle. A
- * second connection that fails, or gets no server session within
- * SECOND_LOOK_MS, says nothing against the first. Neither changes
- * anything on the server.
+ * Step 1a: a second connection must not get the first one's idle server
+ * session (`backend`); one that fails or times out says nothing.
  */
 async function notShared(
   backend: number,
@@ -193,13 +161,11 @@ async function notShared(
     const [row] = await second.query(
       BACKEND,
       [],
-      undefined,
-      false,
       Math.min(context.timeout, SECOND_LOOK_MS),
     );
     same = row?.backend === backend;
   } catch {
-    // Nothing learned.
+    /* nothing learned */
   } finally {
     // Dropped, not closed politely: a statement still waiting for a
     // server session (a full pool) is abandoned with it.

@@ -1,15 +1,8 @@
-// The PostgreSQL client library, node-postgres (`pg`): loading it on the
-// first connection, the part of its Client runlock uses, and the
-// CancelRequest it does not send itself.
-//
-// Why node-postgres and not postgres.js (compared on Deno, Node and Bun):
-// a pg Client is exactly one session and never reconnects behind our
-// back, so a lost lock is seen (its next query fails, "not queryable");
-// postgres.js ran the next query on a new session, and a reserved
-// connection used after termination threw an uncatchable TypeError
-// (porsager/postgres#1154). pg also reports a loss and connects sooner,
-// and can unref its socket. It is bigger (~1 MB): loaded on the first
-// connection only.
+// The client library, node-postgres (`pg`), and the CancelRequest it does
+// not send itself. Not postgres.js: a pg Client is one session that never
+// reconnects behind our back, so a lost lock is seen; postgres.js ran the
+// next query on a new session, and a reserved connection used after
+// termination threw an uncatchable TypeError (porsager/postgres#1154).
 import { connect as netConnect } from "node:net";
 import { clearTimeout, setTimeout } from "node:timers";
 import { messageOf } from "./_failure.ts";
@@ -37,17 +30,13 @@ type ClientClass = new (config: Record<string, unknown>) => PgClient;
 let clientClass: Promise<ClientClass> | undefined;
 
 /**
- * Loads node-postgres on the first connection, not at import: importing
- * runlock's PostgreSQL entry costs nothing until it is used, and under
- * Deno the client's import-time read of $USER happens only after the
- * permission check has turned a missing --allow-env into a clear error
- * instead of a prompt. A literal specifier, so `deno compile` and `bun
- * build --compile` still bundle it.
+ * Loads node-postgres on the first connection: importing costs nothing,
+ * and its import-time read of $USER comes after the --allow-env check
+ * (an error, not a prompt). A literal specifier, so `deno compile` and
+ * `bun build --compile` bundle it.
  */
 export function loadClient(): Promise<ClientClass> {
-  // The full specifier, so that Deno needs no import map for it (a project
-  // using runlock from a clone, a `deno install`ed CLI); the npm build
-  // makes it "pg", an optional peer dependency there.
+  // Full, so Deno needs no import map; the npm build makes it "pg".
   clientClass ??= import("npm:pg@8.23.1").then(
     (m) => ((m.default ?? m) as { Client: ClientClass }).Client,
     (err) => {
@@ -59,10 +48,8 @@ export function loadClient(): Promise<ClientClass> {
 }
 
 /**
- * The PostgreSQL client module could not be loaded: not installed (npm:
- * it is an optional peer dependency), or, under Deno, not downloadable
- * (no registry, `--cached-only`). Named as such, never as a connection
- * failure.
+ * The client module could not be loaded (not installed, or not
+ * downloadable): never reported as a connection failure.
  */
 export class ClientMissing extends Error {
   constructor(cause: unknown) {
@@ -82,11 +69,8 @@ export class ClientMissing extends Error {
 }
 
 /**
- * Sends one CancelRequest for the statement `client`'s session runs (on a
- * new connection, with the backend's pid and secret key; PostgreSQL manual
- * §55.2.8 "Canceling Requests in Progress"); resolves when the server has
- * closed that connection, or after 2 s, or on an error (the server will
- * then end the statement, or not, by itself).
+ * Sends one CancelRequest for `client`'s session (§55.2.8); resolves when
+ * the server has closed that connection, after 2 s, or on an error.
  */
 export function sendCancel(client: PgClient): Promise<void> {
   const pid = client.processID;

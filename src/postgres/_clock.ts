@@ -1,21 +1,13 @@
 // Deadlines of session statements and heartbeats.
 import { clearTimeout, setTimeout } from "node:timers";
 
-// A deadline of `ms` on the wall clock, decided only after one more turn
-// of the event loop.
-//
-// A process that was not running (SIGSTOP, Ctrl-Z, a blocked event loop)
-// wakes with its deadline timers overdue, and timers run before pending
-// I/O is read: deciding at once would call a session dead whose answer
-// (a lock granted while stopped) already sits in the socket's buffer, and
-// closing it would drop that lock. So an expired deadline first lets the
-// event loop read what arrived (one turn, GRACE_MS), and decides then.
-//
-// The wall clock, not the time the process ran: a holder whose event loop
-// is busy (synchronous work in chunks) must still learn of a lost session
-// within heartbeatInterval + heartbeatTimeout (plus its longest chunk),
-// before the server can hand the lock to anyone else; time a busy loop
-// spent is time the server counted too.
+// An expired deadline decides only after one more event-loop turn: a
+// process that was stopped (SIGSTOP, a blocked loop) wakes with timers
+// overdue, and timers run before pending I/O is read; deciding at once
+// would drop a session whose answer (a lock granted meanwhile) sits in the
+// socket's buffer. The wall clock, not run time: a busy holder must still
+// learn of a loss within heartbeatInterval + heartbeatTimeout, as the
+// server counts.
 /** The event-loop turn an expired deadline gives pending I/O. */
 export const GRACE_MS = 25;
 

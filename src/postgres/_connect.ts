@@ -1,6 +1,4 @@
-// Opening the sessions of one pgLocks object: Deno's grants checked first
-// (an error naming the flag, never a prompt), a failed connection put in
-// words, and a lock session bound to this client (_bind.ts).
+// Opening the sessions of one pgLocks object.
 import { RunlockError } from "../errors.ts";
 import { bind } from "./_bind.ts";
 import { connectError, refused } from "./_messages.ts";
@@ -28,14 +26,11 @@ export class Connector {
     this.#config = {
       url: target.connectUrl,
       connectTimeout: options.connectTimeout,
-      // The settings pinned in the startup packet, which win over the
-      // role's, the database's, the server's and the URL's (sent after
-      // the URL's own `options`; see _settings.ts and _url.ts).
+      // The URL's `options` first: runlock's win (_settings.ts).
       settings: {
         ...target.settings,
         ...this.#pinned,
-        // Whatever a role or database default says, a new session is no
-        // client's yet (_bind.ts).
+        // Whatever a role or database default says (_bind.ts).
         [SESSION_SETTING]: "",
       },
     };
@@ -47,9 +42,7 @@ export class Connector {
     signal: AbortSignal | undefined,
     purpose: Purpose,
   ): Promise<Session> {
-    // Under Deno, a missing grant is an error naming the flag, not a
-    // prompt: the client reads PG* variables (PGPASSWORD, PGUSER, ...).
-    // Every missing grant at once, not one per try.
+    // Under Deno, every missing grant at once, in an error, not a prompt.
     const { host, port } = this.target;
     const missing: string[] = [];
     if (!granted({ name: "env" })) {
@@ -81,13 +74,9 @@ export class Connector {
     try {
       await bind(session, {
         name,
-        // Without startup options (refused by a pooler), the URL's own
-        // settings are set by statement too.
         settings: {
           ...(this.#config.optionsRefused ? this.target.settings : {}),
           ...this.#pinned,
-          // The server's bound on a silent lock session (behind a TCP
-          // proxy, see PgLocksOptions), on lock sessions only.
           idle_session_timeout: idle,
           // A lock session reached through a pooler stays in a transaction.
           idle_in_transaction_session_timeout: idle,

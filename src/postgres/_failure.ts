@@ -57,6 +57,11 @@ export function describe(err: unknown): string {
     : message;
 }
 
+/** Socket errors of a server, or a path to it, that is not there (yet). */
+export const SOCKET_GONE = new Set(
+  "ECONNREFUSED ECONNRESET EPIPE ETIMEDOUT EHOSTUNREACH ENETUNREACH".split(" "),
+);
+
 /** An error's `cause`, if it has one. */
 export function causeOf(err: unknown): unknown {
   return (err as { cause?: unknown } | null)?.cause;

@@ -3,25 +3,12 @@ import { createHash } from "node:crypto";
 
 /**
  * The 64-bit advisory key of a lock name in a schema, as a signed bigint
- * (pg_advisory_lock takes a bigint): the first 8 bytes of
- *
- * - SHA-256("runlock\0" + name) in schema `public` (the default), and
- * - SHA-256("runlock\0" + schema + "\0" + name) in any other schema.
- *
- * Advisory locks are per database, not per schema: with the name alone,
- * `sync/main` in two schemas would be one advisory lock with two records,
- * each schema's holder reading the other's as a foreign session. Hashing
- * the schema in makes each schema its own namespace of names. `public`
- * keeps the name-only key of runlock versions that hashed no schema, so
- * that such a holder on `public` and this version exclude each other
- * during a rolling upgrade; such holders of another schema must be
- * stopped first. Neither a name nor a schema contains NUL,
- * so the two forms never produce the same input.
- *
- * The prefix is runlock's namespace: other applications that hash their
- * own names into the same bigint key space are unlikely to land on ours,
- * and two runlock names that collide are detected (the table's UNIQUE
- * key), never silently share a lock.
+ * (docs/postgres.md, "How it works"). Advisory locks are per database, so
+ * the schema is hashed in, except in `public`, which keeps the name-only
+ * key that runlock versions without schemas use, for rolling upgrades
+ * (their holders in other schemas must be stopped first). Neither a name
+ * nor a schema holds NUL, so the two forms never meet. Colliding names
+ * are detected (the table's UNIQUE key), never share a lock.
  *
  * @param name The lock name.
  * @param schema The schema of the pgLocks object (its `schema` option).

@@ -10,21 +10,14 @@ import type { Session } from "./_session.ts";
 import { SessionLostError } from "./errors.ts";
 import type { PgLock } from "./types.ts";
 
-/**
- * The locks this copy of runlock holds through any of its pgLocks objects,
- * by server address as spelled in the URL, database, schema and name, with
- * when each was taken: the fast path, which needs no round trip.
- */
+/** This copy's held locks by hereKey, with when taken: no round trip. */
 const heldHere = new Map<string, Date>();
 
 /**
- * The locks this process holds through any copy of runlock loaded in it,
- * by holder session (`backendPid`), fence and name, with when each was
- * taken. Module state is per copy: the ES module and the CommonJS build of
- * the npm package, both loaded in one Node process, are two copies, and
- * each would wait on a lock the other holds. So this map lives in the
- * global symbol registry, shared by every copy (of this
- * entry layout: the name is versioned).
+ * The locks this process holds through any copy of runlock, by backend
+ * pid, fence and name. In the global symbol registry (versioned name):
+ * the npm package's ESM and CommonJS builds in one Node process are two
+ * copies, each of which would wait on the other's lock.
  */
 const heldInProcess: Map<string, Date> = (() => {
   const slot = Symbol.for("runlock.postgres.heldInProcess.v1");
@@ -38,20 +31,11 @@ function inProcessKey(backendPid: number, fence: bigint, name: string) {
 
 /**
  * When this process took the lock a probe just read (`info`), through any
- * pgLocks object of any copy of runlock and whatever the URL's spelling of
- * the server (`127.0.0.1`, `localhost`, a unix socket): undefined when it
- * is not this process's.
- *
- * The record naming our pid and host is not enough: a process in another
- * container can have the same pid and host name. So the session that
- * holds the key (`info.backendPid`, from pg_locks) must also be one through
- * which this process holds this name with this fence. Backend pids are
- * per server, and this process may hold locks on several: a match on
- * pid, host, backend, name and fence together that is not ours would need
- * a twin process holding the same name with the same fence through a
- * backend with the same pid on another server. Were it to happen, the
- * cost is a HeldError (byThisProcess) where waiting was due, never a lock
- * granted twice.
+ * pgLocks object, copy of runlock or spelling of the server; else
+ * undefined. Pid and host are not enough (another container may share
+ * them): the key's holder session must also be one of ours with this name
+ * and fence. A false match (a twin on another server with the same
+ * backend pid, name and fence) costs a HeldError, never two holders.
  *
  * @param info What a probe of the lock read.
  * @returns When this process took it, or undefined.
@@ -161,9 +145,8 @@ export class PgLockImpl implements PgLock {
       const rows = await this.#session.query(
         this.#owner.sql.owned,
         [this.#tag.classid, this.#tag.objid, this.#session.nonce],
-        "runlock_owned",
-        false,
         this.#owner.statementTimeout,
+        "runlock_owned",
       );
       return rows[0]?.owned === true;
     } catch {
@@ -187,9 +170,8 @@ export class PgLockImpl implements PgLock {
       await session.query(
         this.#owner.sql.release,
         [this.path, String(this.fence), session.nonce],
-        "runlock_release",
-        false,
         this.#owner.statementTimeout,
+        "runlock_release",
       );
     } catch (err) {
       const why = session.lost;

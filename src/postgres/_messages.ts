@@ -1,6 +1,4 @@
-// The messages that name the server (never the password): a connection
-// that failed, a statement the server refused, saying what to do where the
-// cause is one of the server's settings or privileges.
+// Messages that name the server (never the password) and say what to do.
 import { redact } from "../_redact.ts";
 import { RunlockError } from "../errors.ts";
 import { ClientMissing } from "./_client.ts";
@@ -9,20 +7,14 @@ import type { Options } from "./_options.ts";
 import { CreateRefused, schemaArgument, SETUP_ADVICE } from "./_schema.ts";
 import type { Target } from "./_url.ts";
 
-/**
- * `text` (a message) with the URL's password, in each form the caller gave
- * it, and any URL's password masked: {@linkcode redact} with the target's
- * secrets.
- */
+/** `text` with the target's secrets and any URL's password masked. */
 function scrub(target: Target, text: string): string {
   return redact(text, { secrets: target.secrets, as: "message" });
 }
 
 /**
- * What the server (or the client) said: its message and SQLSTATE, then
- * the server's DETAIL and HINT when it sent them (`out of shared memory
- * (53200); hint: You might need to increase max_locks_per_transaction.`),
- * on one line. The hint is often the fix.
+ * The error's message and SQLSTATE, then the server's DETAIL and HINT (often
+ * the fix), on one line.
  */
 function serverSaid(err: unknown): string {
   const e = err as { detail?: unknown; hint?: unknown } | null;
@@ -49,9 +41,7 @@ export function refused(
 ): RunlockError {
   if (err instanceof RunlockError) return err;
   if (err instanceof CreateRefused) {
-    // The grant, and the DDL to run once (see _schema.ts); in parts too,
-    // for the CLI, which prints the SQL as lines (no part holds the URL's
-    // password: the server, the action and the advice are scrubbed alike).
+    // In parts too, for the CLI, each part scrubbed.
     const error = new RunlockError(
       name,
       scrub(
@@ -83,29 +73,22 @@ export function refused(
   const setup = `\`runlock db-setup --db=URL${schemaArgument(schema)}\``;
   const probe = /^(inspect|scan|watch)/.test(action);
   const advice = state === "25006"
-    // read_only_sql_transaction. runlock's sessions pin
-    // default_transaction_read_only = off (see sessionSettings), so a
-    // role or database setting cannot cause it: the server is in
-    // recovery (a hot standby), or a pooler sent us to one.
+    // read_only_sql_transaction: with default_transaction_read_only
+    // pinned off, only a hot standby causes it.
     ? ": the server accepts no writes, as a hot standby (a replica in recovery) does; " +
       "runlock writes a record with each lock, and an advisory lock taken on a standby " +
       "excludes no one on the primary: point the URL at the primary"
     : state === "42501" && /row-level security|row security/i.test(message)
-    // insufficient_privilege raised by row-level security ("new row
-    // violates row-level security policy", or, under row_security = off,
-    // "query would be affected by row-level security policy"): no grant
-    // helps. The server's message is the only tell (no SQLSTATE of its
-    // own); in another language the grants' advice below says so too.
+    // Row-level security has no SQLSTATE of its own: the message is the
+    // only tell, and in another language the advice below says so too.
     ? ": a row-level security policy on runlock's table refused it, not a missing grant; " +
       "runlock's records must all be visible and writable to every lock user (a hidden " +
       "record reads as a free lock): disable row-level security on runlock_locks, or " +
       "exempt these roles from it"
     : state === "42501"
-    // insufficient_privilege on the schema or the table (creating it is
-    // CreateRefused). The privileges are checked for the session's
-    // current_user, which is not the URL's user under ALTER ROLE ... SET
-    // role; asking it would need a statement on a session that just
-    // failed one, so the advice says so instead.
+    // Privileges are checked for current_user, which ALTER ROLE ... SET
+    // role makes another than the URL's user; the advice says so rather
+    // than ask a session that just failed.
     ? `: ${
       probe
         ? "probes (inspect, held, activePid, scan, watch) need USAGE on the schema and SELECT on its runlock_locks table, nothing more"
@@ -126,10 +109,8 @@ export function refused(
 }
 
 /**
- * A RunlockError for a connection that failed, saying why in words.
- * `purpose`: the session is for a lock (acquire), for probes (inspect,
- * held, activePid, scan) or for a watch, which the message names when the
- * server is full.
+ * A RunlockError for a connection that failed, saying why in words;
+ * `purpose` is named when the server is full.
  */
 export function connectError(
   target: Target,
@@ -139,8 +120,7 @@ export function connectError(
   purpose: "lock" | "probe" | "watch" = "lock",
 ): RunlockError {
   if (err instanceof ClientMissing) {
-    // Its cause's text (a registry's error) may name a URL too; the rest
-    // is runlock's own (which names npm:pg@…, no password).
+    // Its cause (a registry's error) may name a URL.
     const why = messageOf(err.cause).split("\n")[0];
     return new RunlockError(
       name,
@@ -148,10 +128,9 @@ export function connectError(
       { cause: err },
     );
   }
-  // Decided on the error's code (a SQLSTATE, or Node's for a socket) and,
-  // for errors of the client's own, on their fixed text; never on the
-  // server's message, which may name anything (a role called timeout_svc)
-  // and be in any language.
+  // Never decided on the server's message, which may name anything (a
+  // role called timeout_svc) in any language: on codes and the client's
+  // own fixed texts.
   const code = (err as { code?: unknown } | null)?.code;
   const state = sqlState(err);
   const message = describe(err);
@@ -163,15 +142,11 @@ export function connectError(
     ? "connection refused (is the server running, and listening there?)"
     : code === "ENOTFOUND" || code === "EAI_AGAIN"
     ? "the host name does not resolve"
-    // node-postgres's connectionTimeoutMillis: 8.23 destroys the socket
-    // with Error("timeout expired"), no code; other releases said
-    // "Connection terminated due to connection timeout".
+    // connectionTimeoutMillis: pg 8.23's text, and other releases'.
     : state === undefined &&
         /^timeout expired$|due to connection timeout/.test(own)
     ? `no answer within ${options.connectTimeout} ms`
-    // node-postgres's text when the server answers "N" to its SSLRequest:
-    // the server has no TLS (ssl = off), and the URL or PGSSLMODE asks
-    // for it. (pg 8.x reads sslmode=prefer as require: no fallback.)
+    // The server answered "N" to the client's SSLRequest.
     : state === undefined &&
         own === "The server does not support SSL connections"
     ? `the server does not accept SSL (TLS) connections, which ${
@@ -183,14 +158,11 @@ export function connectError(
     }: use sslmode=disable for a server without TLS, or enable ssl on the server`
     : state === "28P01"
     ? "password authentication failed (check the password in the URL)"
-    // undefined_object on a startup setting: PostgreSQL 13 and older do
-    // not know idle_session_timeout, which runlock pins (the name is
-    // quoted as it is in any language).
+    // PostgreSQL 13 and older lack idle_session_timeout (the name is
+    // quoted alike in any language).
     : state === "42704" && message.includes('"idle_session_timeout"')
     ? `the server is older than PostgreSQL 14, which runlock needs (${said})`
     : state === "53300"
-    // too_many_connections: max_connections (less the reserved slots),
-    // or a CONNECTION LIMIT of the role or the database, is reached.
     ? `the server has no free connection (${said}): max_connections, or a ` +
       `CONNECTION LIMIT of the role or the database, is reached; ${
         purpose === "probe"
@@ -201,8 +173,7 @@ export function connectError(
       }. Release locks or close other sessions, or raise the limit`
     : (state === undefined || state === "08P01") &&
         /unsupported startup parameter/i.test(message)
-    // PgBouncer refuses the "options" runlock pins its settings with
-    // (protocol_violation, its own English text).
+    // PgBouncer's refusal of the startup "options" (its English text).
     ? `${said}: a connection pooler refused the session settings runlock ` +
       `sends at startup (options: -c ...); connect to the server itself (a ` +
       `lock is a session, which a pooler cannot promise)`

@@ -1,6 +1,4 @@
-// What the caller passes: pgLocks's options with their defaults, lock
-// names, timeouts, and the options of scan and watch, checked before
-// anything touches the database (the URL: _url.ts).
+// Checks of what the caller passes (the URL: _url.ts).
 import { GRACE_MS } from "./_clock.ts";
 import type { PgLocksOptions } from "./types.ts";
 
@@ -19,12 +17,10 @@ const DEFAULTS = {
 };
 
 /**
- * A valid PostgreSQL name (a schema or a role), or a TypeError naming the
- * action: 1 to 63 bytes in UTF-8, since the server cuts a longer name to
- * its first 63 bytes (two schemas that differ only after them would be
- * one table, with two different keys for one lock name: two holders); and
- * no control character (U+0000-U+001F, U+007F), which could end a line
- * of the SQL that `pgSetupSql` prints.
+ * A schema or role name, or a TypeError: at most 63 bytes, since the
+ * server truncates (two schemas equal in their first 63 bytes would be one
+ * table with two keys per name: two holders); no control character, which
+ * could end a line of `pgSetupSql`'s SQL.
  */
 export function checkIdentifier(
   value: unknown,
@@ -47,9 +43,8 @@ export function checkIdentifier(
 }
 
 /**
- * A UTF-16 surrogate without its pair. PostgreSQL receives text as UTF-8,
- * where a lone surrogate has no encoding: the client sends U+FFFD in its
- * place, so "a\ud800" and "a\udbff" would be one name, one lock.
+ * A lone UTF-16 surrogate: the client sends it as U+FFFD, so "a\ud800"
+ * and "a\udbff" would be one lock.
  */
 export const LONE_SURROGATE =
   /[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/;
@@ -82,17 +77,7 @@ export function checkTimeout(timeout: unknown): number {
   return value;
 }
 
-/**
- * Checks scan()'s and watch()'s `prefix`: a string of at most 1024
- * characters (a name's limit) without NUL or a lone UTF-16 surrogate (it
- * would reach the server as U+FFFD); `""` (the default) matches every
- * name.
- *
- * @param prefix The caller's value.
- * @param action What is refused, for the message (`scan the locks`).
- * @returns The prefix.
- * @throws {TypeError} it is not such a string.
- */
+/** Checks scan()'s and watch()'s `prefix` (`""`, the default, is all). */
 export function checkPrefix(prefix: unknown, action: string): string {
   const value = prefix ?? "";
   if (
@@ -108,10 +93,7 @@ export function checkPrefix(prefix: unknown, action: string): string {
   return value;
 }
 
-/**
- * Checks scan()'s and watch()'s `options`: undefined or an object (not
- * null, not an array, not a function).
- */
+/** Checks scan()'s and watch()'s `options`: undefined or an object. */
 export function checkOptionsObject(
   options: unknown,
   action: string,
@@ -144,10 +126,7 @@ export function checkSignal(
   return signal;
 }
 
-/**
- * Checks watch()'s `interval`: a positive finite number of milliseconds,
- * 1000 when undefined.
- */
+/** Checks watch()'s `interval` (ms, 1000 when undefined). */
 export function checkInterval(interval: unknown, action: string): number {
   const value = interval ?? 1_000;
   if (typeof value !== "number" || !Number.isFinite(value) || value <= 0) {
@@ -193,9 +172,7 @@ export function checkOptions(
       );
     }
   }
-  // A lock session's heartbeat runs every heartbeatInterval: the server's
-  // idle limit must not end a live holder's session (nor before the
-  // holder's own signal could abort: the ordering above).
+  // The server's idle limit must not end a live holder's session.
   const idle = o.idleSessionTimeout;
   if (
     !Number.isInteger(idle) || idle < 0 || idle > 2_147_483_647 ||
@@ -214,11 +191,9 @@ export function checkOptions(
       }`,
     );
   }
-  // The client must notice a broken path before the server can: the
-  // server drops a silent client no earlier than keepalivesIdle after the
-  // last packet (nothing is probed before), or tcpUserTimeout after data
-  // it sent went unacknowledged; we notice within interval + timeout
-  // (+ one event-loop turn) of the last answer.
+  // The client must notice a broken path before the server can (which is
+  // keepalivesIdle after the last packet, or tcpUserTimeout after unacked
+  // data); we notice within interval + timeout + one event-loop turn.
   const serverEarliest = Math.min(o.keepalivesIdle * 1000, o.tcpUserTimeout);
   const ours = o.heartbeatInterval + o.heartbeatTimeout + GRACE_MS;
   if (ours >= serverEarliest) {
@@ -237,9 +212,8 @@ export function checkOptions(
 export type Options = typeof DEFAULTS;
 
 /**
- * The caller's value as a message shows it: a string quoted (one of more
- * than 80 characters, when `long`, by its length), anything else as
- * `other` writes it.
+ * A value for a message: a string quoted (past 80 characters, when
+ * `long`, its length), anything else as `other` writes it.
  */
 function shown(
   value: unknown,

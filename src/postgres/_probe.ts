@@ -125,9 +125,8 @@ export async function find(
     const rows = await session.query(
       sql.inspect,
       [name, String(key), tag.classid, tag.objid],
-      "runlock_inspect",
-      false,
       timeout,
+      "runlock_inspect",
     );
     found = interpret(name, key, rows[0]);
     if (!found.info.foreign) break;

@@ -2,21 +2,10 @@
 import { tableName } from "./_ddl.ts";
 import { guarded, upsert } from "./_sql.ts";
 
-// In short: a waiter
-// holds the queue's marker (queue, 0) in share mode, which keeps
-// newcomers from taking the lock past the queue (tryUnqueued), and
-// takes a ticket and holds a queue node of its own, the session-level
-// advisory lock (queue, ticket) in the two-int4 key space (objsubid 2 in
-// pg_locks [pglocks]), which never collides with the bigint keys of lock
-// names nor, since `queue` is never 1920298604, with the DDL lock (_sql.ts).
-// It waits on its live predecessor's node (the greatest ticket below its
-// own that a session holds); only the queue's head waits on the name's
-// key, and it lets go of its node the moment it is granted the key. A
-// waiter whose predecessor's node is let go of finds its next predecessor
-// and, if it has none, waits on the key, all in the same statement: it is
-// in the key's queue before the new holder can release it. Each waiting
-// statement still ends after a slice (lock_timeout), so no snapshot is
-// held for long; a waiter that waits again keeps its ticket, so its place.
+// Queue locks live in the two-int4 key space (objsubid 2 [pglocks]):
+// (queue, 0) is the marker every waiter holds in share mode, (queue,
+// ticket) a waiter's node. They never collide with names' bigint keys,
+// nor (`queue` is never 1920298604) with the DDL lock.
 
 /** The statements of the waiting queue, for the table `schema.runlock_locks`. */
 export interface QueueStatements {
@@ -42,19 +31,15 @@ export function queueStatements(schema: string): QueueStatements {
   const table = tableName(schema);
   return {
     // The try of an acquire that may wait: as tryAcquire, but only when
-    // nobody is queued for the name (every queued waiter holds the
-    // queue's marker (queue, 0) in share mode, and this exclusive try,
-    // held to the end of the statement, fails while one does), and if it
-    // does not get the lock it joins the queue at once, as enqueue does
-    // (a share lock of our own does not conflict with our exclusive one):
-    // a newcomer never takes the lock in the moment it is free between a
-    // release and the next head's wait, nor does anyone between our try
-    // and our place in the queue. One row: the record's fence and started
-    // if the lock was taken, `empty` (nobody was queued), and `ticket` and
-    // `queued` (our node is held; false when another took the ticket or
-    // held the marker exclusively at that instant: the caller enqueues).
-    // $1-$6 as tryAcquire, $7 queue, $8 the session's nonce (every
-    // advisory lock function takes its key through `guarded`, _sql.ts).
+    // nobody is queued (this exclusive try of the marker, held to the end
+    // of the statement, fails while a waiter holds it shared); if it does
+    // not get the lock it joins the queue at once, as enqueue does (our own
+    // share lock does not conflict with it). So no newcomer takes the lock
+    // in the moment it is free between a release and the next head's wait.
+    // One row: fence and started if taken, `empty` (nobody was queued),
+    // `ticket` and `queued` (false when another took the ticket or held
+    // the marker at that instant: the caller enqueues).
+    // $1-$6 as tryAcquire, $7 queue, $8 the nonce.
     tryUnqueued: `WITH q AS MATERIALIZED (
         SELECT pg_catalog.pg_try_advisory_xact_lock(${
       guarded("$7::integer", "integer", 8)
@@ -96,17 +81,13 @@ export function queueStatements(schema: string): QueueStatements {
           COALESCE(u.ok, false) AS queued
         FROM q LEFT JOIN taken ON true LEFT JOIN u ON true`,
 
-    // Joining the queue: its marker in share mode (waiting, up to 1 s, only
-    // while a tryUnqueued holds it), then a ticket, one more than the
-    // greatest held in the queue, and its node, taken without waiting
-    // (pg_locks is read at call time, after the marker and before the
-    // node, as the CTE order makes it). `ok` is false when another waiter
-    // took the same ticket in between: the marker is let go of again, and
-    // the caller takes another. Tickets start at 1 when the queue is empty
-    // and grow while it is not; a queue never empty for 2^31 arrivals
-    // would overflow the integer (an error: the caller then waits outside
-    // the queue).
-    // $1 queue, $2 the session's nonce.
+    // Joining: the marker shared (waiting up to 1 s, only while a
+    // tryUnqueued holds it), then the ticket after the greatest held, and
+    // its node without waiting (pg_locks is read between the two, in CTE
+    // order). `ok` false: another waiter took that ticket; the marker is
+    // let go of and the caller tries again. A queue never empty for 2^31
+    // arrivals overflows the integer: an error, and the caller waits
+    // outside the queue. $1 queue, $2 the nonce.
     enqueue: `WITH cfg AS MATERIALIZED (
         SELECT pg_catalog.set_config('lock_timeout', '1000', true)
       ), mark AS MATERIALIZED (
@@ -133,29 +114,23 @@ export function queueStatements(schema: string): QueueStatements {
           AS unmarked
         FROM n`,
 
-    // One slice of waiting in the queue ($7 ms of lock_timeout), in one
-    // statement, each step after the one before (the CTE order):
-    // - with a predecessor ($10, else NULL): wait for its node, which is
-    //   granted when its session lets go of it (it was granted the lock,
-    //   gave up, or ended), and let go of it at once (we are its only
-    //   waiter, so a slice that runs out loses nothing);
-    // - then our predecessor now: the greatest ticket below ours ($9) that
-    //   a session (not ours) holds, returned as `pred`;
-    // - if there is none, we are the head: wait for the name's key, and
-    //   once granted, let go of our node and the marker (our successor
-    //   then waits on the key while we hold it) and write the record, as
-    //   waitAcquire does.
-    // (`pred` reads cfg itself: with $10 NULL the planner drops `waited`,
-    // and lock_timeout would never be set.) lock_timeout bounds each lock
-    // wait, not the statement: `pred` sets it again to what is left of $7
-    // (at least 1 ms) before the key's wait, or a predecessor that lets go
-    // after X ms would leave us X + $7 in all, past the caller's deadline.
-    // One row: the record's fence and started when the lock was taken,
-    // else NULL and the predecessor to wait for next. A failure after the
-    // key was granted (a lock_timeout on the row) leaves the key held and
-    // our node let go of; before, the reverse (see afterWait).
+    // One slice ($7 ms) of waiting in the queue, steps in CTE order:
+    // - with a predecessor ($10, else NULL): wait for its node and let go
+    //   of it at once (we are its only waiter: a slice running out loses
+    //   nothing);
+    // - `pred`: the greatest ticket below ours ($9) another session holds;
+    // - none: we are the head: wait for the key, then let go of our node
+    //   and the marker (our successor waits on the key while we hold it)
+    //   and write the record, as waitAcquire does.
+    // `pred` reads cfg itself: with $10 NULL the planner drops `waited`,
+    // and lock_timeout would never be set. lock_timeout bounds each wait,
+    // not the statement, so `pred` sets it to what is left of $7 (at least
+    // 1 ms), or a predecessor letting go after X ms would cost X + $7.
+    // One row: fence and started if taken, else NULL and the next `pred`.
+    // A failure after the key was granted leaves the key held and our node
+    // let go of; before, the reverse (see afterWait).
     // $1-$6 as waitAcquire, $7 ms, $8 queue, $9 ticket, $10 predecessor,
-    // $11 the session's nonce.
+    // $11 the nonce.
     wait: `WITH cfg AS MATERIALIZED (
         SELECT pg_catalog.set_config('lock_timeout', $7::pg_catalog.text, true)
       ), waited AS MATERIALIZED (

@@ -1,9 +1,6 @@
-// The runtime facts the PostgreSQL backend needs, in one place: which
-// runtime this is, this host's name, and Deno's permission queries (a
-// missing grant becomes an error naming the flag, never a prompt). Not the
-// file locks' platform layer (src/platform/current.ts): importing that
-// refuses every platform but Linux x86_64 and loads the file locks' FFI,
-// while this entry point loads anywhere Deno runs.
+// The runtime, the host name and Deno's permission queries. Not
+// src/platform/current.ts, whose import refuses every platform but Linux
+// x86_64 and loads FFI: this entry point loads anywhere.
 import { hostname } from "node:os";
 
 interface PermissionDescriptor {

@@ -11,15 +11,10 @@ import type { Statements } from "./_sql.ts";
 export interface Scanned {
   info: PgInspection;
   /**
-   * How sure the read is (see the `scan` statement):
-   * - `settled`: what a probe says, and will say until something happens;
-   * - `pending`: an acquire or a release in flight (its session still in
-   *   the statement that writes the record): `info` says what a probe
-   *   says now (a foreign holder, a stale record), not what it will say
-   *   once it commits;
-   * - `unsettled`: maybe half way through an acquire or a release (who
-   *   holds the key, or whether the record's backend is the holder's,
-   *   could not be told): a look a moment later may say otherwise.
+   * How sure the read is (see the `scan` statement): `settled`; `pending`,
+   * an acquire or release in flight (`info` is what a probe says before
+   * it commits); `unsettled`, maybe half way through one: a look a moment
+   * later may say otherwise.
    */
   certainty: "settled" | "pending" | "unsettled";
 }
@@ -43,16 +38,14 @@ async function readOnce(
   const rows = await session.query(
     sql.scan,
     [prefix, names],
-    "runlock_scan",
-    false,
     timeout,
+    "runlock_scan",
   );
   const seen = new Set<string>();
   const out: Read[] = [];
   for (const row of rows) {
     const name = row.name as string;
-    // A key held in shared mode by several sessions (not runlock's doing)
-    // gives one row per session: the name once is enough.
+    // A key held shared by several sessions gives a row per session.
     if (seen.has(name)) continue;
     seen.add(name);
     const { info } = interpret(name, BigInt(row.key as string), row);
@@ -60,27 +53,19 @@ async function readOnce(
     if (
       (info.foreign || info.state === "stale") && row.record_writing === true
     ) {
-      // Another session has written (or row-locked) the record and not
-      // committed yet: an acquire or a release in flight, whatever
-      // pg_stat_activity can be read.
+      // The record written (or row-locked) and not committed yet.
       certainty = "pending";
     } else if (info.foreign) {
-      // An acquire in flight while its holder is in its statement. An idle
-      // holder is another application's, or (pg_stat_activity being read
-      // apart from pg_locks) one that has just begun an acquire: a second
-      // read must agree.
+      // An idle holder is another application's, or (pg_stat_activity is
+      // read apart from pg_locks) one just beginning an acquire.
       certainty = row.holder_state === "active" ? "pending" : "unsettled";
     } else if (info.state === "stale" && row.record_backend_alive === true) {
-      // A release in flight while its backend is in its statement; else a
-      // backend on its way out (a crash), or a release just committed.
+      // Else a backend on its way out, or a release just committed.
       certainty = row.record_backend_checked === true &&
           row.record_backend_state === "active"
         ? "pending"
         : "unsettled";
     }
-    // A plain stale read: its record may be one whose release committed
-    // after our snapshot, by a backend gone before pg_stat_activity was
-    // read. Settled by a second read (see scanRows).
     const recheck = info.state === "stale" && certainty === "settled";
     out.push({ info, certainty: recheck ? "recheck" : certainty });
   }
@@ -90,20 +75,14 @@ async function readOnce(
 }
 
 /**
- * Every name of the table that starts with `prefix` (literally) and is
- * held or stale, plus the `names` given even when they are free; sorted
- * by name. What was read half way through an acquire or a release is read
- * again, three times at most (about 15 ms), and comes back `pending` or
- * `unsettled` if it is still so then. A stale record is believed when two
- * reads in a row agree, or when it is the one in `known` (a watch's last
- * report). Statement errors propagate (a missing table: SQLSTATE 42P01).
- *
- * A stale read needs the second read because pg_locks, the record and
- * pg_stat_activity are each read at their own moment: a holder that
- * releases after the statement's snapshot and closes its session before
- * pg_stat_activity is read looks like one that crashed. Once it has
- * left pg_stat_activity it has either committed its release or never
- * will, so a later statement's snapshot reads the record as it stays.
+ * Every name starting with `prefix` (literally) that is held or stale,
+ * plus `names` even when free; sorted by name. A read half way through an
+ * acquire or a release is read again, three times at most (about 15 ms).
+ * A stale record is believed when two reads in a row agree, or it is the
+ * one in `known` (a watch's last report): a holder that releases after
+ * the snapshot and is gone before pg_stat_activity is read looks crashed,
+ * and once gone, a later snapshot reads its record as it stays. Statement
+ * errors propagate (a missing table: 42P01).
  *
  * @param session A probe session.
  * @param sql The statements of the table.
@@ -146,11 +125,9 @@ export async function scanRows(
 
 /**
  * `read()` where the table may not exist yet (probes create nothing):
- * `tableKnown` false first asks whether it exists, rather than let the
- * statement fail (each failure is an ERROR line in the server's log, and
- * a status command or a watch polls). A table dropped since is no table,
- * but a missing relation that is another's (a function of a row-level
- * security policy, a view an admin put in) is an error, never "no locks".
+ * unless `tableKnown`, ask first, as each failure is an ERROR line in the
+ * server's log and watches poll. A missing relation that is not our table
+ * (one a row-level security policy uses) is an error, never "no locks".
  *
  * @returns What `read` returned, or undefined when there is no table.
  */
@@ -208,13 +185,7 @@ async function tableExists(
   sql: Statements,
   timeout: number,
 ): Promise<boolean> {
-  const rows = await session.query(
-    sql.tableExists,
-    [sql.table],
-    undefined,
-    false,
-    timeout,
-  );
+  const rows = await session.query(sql.tableExists, [sql.table], timeout);
   return rows[0].table === true;
 }
 

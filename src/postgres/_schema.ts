@@ -69,13 +69,10 @@ export async function createTable(
   schema: string,
   timeout: number,
 ): Promise<void> {
-  const rows = await session.query(
-    sql.tableState,
-    [quoteIdent(schema), sql.table],
-    undefined,
-    false,
-    timeout,
-  );
+  const rows = await session.query(sql.tableState, [
+    quoteIdent(schema),
+    sql.table,
+  ], timeout);
   if (rows[0].table === true) return;
   const schemaExists = rows[0].schema === true;
   try {
@@ -85,7 +82,7 @@ export async function createTable(
     const ddl = session.pinned
       ? (schemaExists ? sql.ensureTableIn : sql.ensureSchemaAndTableIn)
       : (schemaExists ? sql.ensureTable : sql.ensureSchemaAndTable);
-    await session.query(ddl, [], undefined, false, 3 * timeout);
+    await session.query(ddl, [], 3 * timeout);
   } catch (err) {
     // A multi-statement string stops at the error, inside BEGIN (a pinned
     // session rolled back already, and begun anew).
@@ -93,13 +90,9 @@ export async function createTable(
     if (sqlState(err) !== "42501") throw err;
     // insufficient_privilege: say who needs which grant. If even this
     // question fails, the server's own error is the best we have.
-    const who = await session.query(
-      sql.identity,
-      [],
-      undefined,
-      false,
-      timeout,
-    ).catch(() => undefined);
+    const who = await session.query(sql.identity, [], timeout).catch(() =>
+      undefined
+    );
     if (who === undefined) throw err;
     throw new CreateRefused(
       setupAdvice(

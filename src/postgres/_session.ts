@@ -1,6 +1,5 @@
-// One PostgreSQL session (one connection, one server backend), the unit a
-// lock lives in: the advisory lock belongs to the session and ends with it.
-// The client library itself is behind _client.ts.
+// One PostgreSQL session (one connection, one server backend): the unit a
+// lock lives in, and ends with. The client library is behind _client.ts.
 import { clearInterval, setInterval } from "node:timers";
 import { loadClient, type PgClient, sendCancel } from "./_client.ts";
 import { deadline, pause } from "./_clock.ts";
@@ -28,21 +27,16 @@ export interface SessionConfig {
   optionsRefused?: boolean;
 }
 
-/**
- * Whether a failed connection was refused for its `options` startup
- * parameter: PgBouncer, unless told to ignore it, answers
- * "unsupported startup parameter: options" (08P01).
- */
+/** PgBouncer's refusal of the `options` startup parameter (08P01). */
 function refusesOptions(err: unknown): boolean {
   return /unsupported startup parameter:? *"?options/i.test(messageOf(err));
 }
 
-// What keeps the process alive while a caller awaits a statement. Sockets
-// stay unreferenced for their whole life (so idle sessions and held locks
-// never keep a process alive); while any caller awaits something, one
-// referenced timer does: cheaper than a socket's ref()/unref() per
-// statement, which under Deno 2.9 sometimes left a pending read uncounted
-// ("Top-level await promise never resolved" in the middle of an acquire).
+// Sockets stay unreferenced (idle sessions and held locks never keep a
+// process alive); while a caller awaits a statement, one referenced timer
+// does. Not ref()/unref() on the socket per statement: under Deno 2.9 that
+// sometimes left a pending read uncounted ("Top-level await promise never
+// resolved" mid-acquire).
 let busy = 0;
 let keepAlive: ReturnType<typeof setInterval> | undefined;
 function hold(): void {
@@ -55,41 +49,27 @@ function letGo(): void {
 }
 
 /**
- * Begins every statement: pgpool-II's hint never to send it to a standby
- * (with load_balance_mode on, any statement that begins with a comment
- * goes to the primary; runlock's statements also call volatile functions
- * or read system catalogs, which pgpool-II sends there too). A statement
- * that reaches a standby all the same fails its guard (_sql.ts).
+ * pgpool-II's hint to send a statement to the primary even with
+ * load_balance_mode on; one that reaches a standby anyway fails its guard.
  */
 const NO_LOAD_BALANCE = "/*NO LOAD BALANCE*/ ";
 
-/** CancelRequests one cancel() may send while the statement runs on. */
+/** CancelRequests one cancel() may send; the first gap doubles to the last. */
 const CANCEL_SENDS = 40;
-/** The first pause between two of them; it doubles up to CANCEL_GAP_MS. */
 const CANCEL_FIRST_GAP_MS = 5;
 const CANCEL_GAP_MS = 500;
 
 /** One dedicated session. */
 export class Session {
   readonly #client: PgClient;
-  /**
-   * The server process of this session as the connection's BackendKeyData
-   * says (pg_backend_pid() on a direct connection; a pooler may send its
-   * own number).
-   */
+  /** BackendKeyData's process id (a pooler may send its own number). */
   readonly backendPid: number;
-  /**
-   * The nonce this client set on its server session (SESSION_SETTING,
-   * _sql.ts), passed to every guarded statement; "" until bound.
-   */
+  /** The nonce of every guarded statement (_bind.ts); "" until bound. */
   nonce = "";
   /**
-   * Set once a lock session reached through a pooler opened the transaction
-   * it stays in (_bind.ts, step 1b): each statement is then followed by
-   * COMMIT AND CHAIN (ROLLBACK AND CHAIN after a failure), which ends its
-   * transaction and begins the next in one statement, so that the pooler
-   * never sees the session outside a transaction and never hands its
-   * server session to another client.
+   * In a transaction for life (_bind.ts, step 1b): each statement is
+   * followed by COMMIT AND CHAIN (ROLLBACK AND CHAIN after a failure), so
+   * the pooler never sees it outside a transaction.
    */
   pinned = false;
   /** Why the session ended, once it has. */
@@ -104,18 +84,14 @@ export class Session {
   private constructor(client: PgClient) {
     this.#client = client;
     this.backendPid = client.processID ?? 0;
-    // An idle session whose server goes away emits "error" (then "end");
-    // without a listener, Node would crash on the unhandled "error" event.
+    // Without an "error" listener, Node crashes when an idle session's
+    // server goes away.
     client.on("error", (err) => this.#lose(`ended: ${describe(err)}`));
     client.on("end", () => this.#lose("was closed"));
     client.unref();
   }
 
-  /**
-   * Connects. The socket is unreferenced from then on: idle sessions and
-   * held locks never keep the process alive, and while a caller awaits a
-   * statement, the shared keep-alive timer does (see `hold`).
-   */
+  /** Connects (without `options` once a pooler refused them). */
   static async open(
     config: SessionConfig,
     signal?: AbortSignal,
@@ -169,18 +145,14 @@ export class Session {
     }
     const session = new Session(client);
     if (withoutOptions) {
-      // Without the startup options, the client still needs ISO dates to
-      // parse timestamps. A pooler keeps DateStyle per client (PgBouncer
-      // tracks it), so this changes no other client's session; lock
-      // sessions set the rest of their settings once bound (_bind.ts).
+      // The client parses only ISO dates. PgBouncer keeps DateStyle per
+      // client; lock sessions set the other settings once bound.
       const drop = () => session.destroy();
       signal?.addEventListener("abort", drop, { once: true });
       try {
         await session.query(
           "SELECT pg_catalog.set_config('DateStyle', 'ISO', false)",
           [],
-          undefined,
-          false,
           config.connectTimeout,
         );
       } catch (err) {
@@ -205,24 +177,19 @@ export class Session {
   }
 
   /**
-   * Runs one statement. `named` statements are prepared once per session
-   * (Parse once, then Bind/Execute). The process is kept alive while it
-   * runs, unless `background` (the heartbeat). With a `timeout` (ms), a
-   * statement with no answer by then ends the session: a server that
-   * stopped answering (a silent network partition, a stopped backend)
-   * must not hang the caller until TCP gives up, minutes later. An
-   * expired timeout first lets the event loop read what arrived (see
-   * `deadline`): a process that was stopped reads the answer it got
-   * meanwhile before it decides.
+   * Runs one statement, keeping the process alive meanwhile; `named` ones
+   * are prepared once per session. With a `timeout` (ms), no answer by
+   * then (after one more event-loop turn, see `deadline`) ends the
+   * session: a silent partition or a stopped backend must not hang the
+   * caller until TCP gives up, minutes later.
    */
   query(
     text: string,
     values: unknown[] = [],
-    named?: string,
-    background = false,
     timeout = 0,
+    named?: string,
   ): Promise<Record<string, unknown>[]> {
-    return this.#run(text, values, named, background, timeout, "statement");
+    return this.#run(text, values, named, false, timeout, "statement");
   }
 
   async #run(
@@ -272,12 +239,10 @@ export class Session {
   }
 
   /**
-   * A pinned session's statement, then the end of its transaction and the
-   * start of the next in one statement (see `pinned`): COMMIT AND CHAIN
-   * after an answer, ROLLBACK AND CHAIN after a failure. Its answer comes
-   * once that is done. If that statement fails too, the session's state is
-   * unknown: it is lost (closing it, the pooler drops or resets the server
-   * session its client left in a transaction, and whatever it held).
+   * A pinned session's statement, then COMMIT AND CHAIN (ROLLBACK AND
+   * CHAIN after a failure). If that fails too, the session's state is
+   * unknown: it is lost (the pooler then drops or resets its server
+   * session, with what it held).
    */
   async #rechain(
     sent: Promise<{ rows: Record<string, unknown>[] }>,
@@ -305,14 +270,9 @@ export class Session {
   }
 
   /**
-   * Checks the session every `interval` ms with `statement` and its
-   * `values`; if an answer takes longer than `timeout` ms, or `check` finds
-   * something wrong in it (and says what), the session counts as lost and
-   * is closed. The timers are unreferenced. As a statement's, an expired
-   * timeout first lets the event loop read what arrived (see `deadline`):
-   * a holder that was stopped (SIGSTOP, Ctrl-Z, a long GC pause, a blocked
-   * event loop) wakes with the deadline overdue while the answer may
-   * already sit in the socket's buffer, and reads it before it decides.
+   * Runs `statement` every `interval` ms (unreferenced timers); an answer
+   * later than `timeout` ms (see `deadline`), or one `check` finds wrong
+   * (saying what), loses the session.
    */
   startHeartbeat(
     statement: string,
@@ -349,28 +309,16 @@ export class Session {
   }
 
   /**
-   * Cancels the statements this session has been given so far, and holds
-   * until they have settled.
+   * Cancels the statements given so far, and resolves (never rejects) once
+   * they have settled and no CancelRequest of ours is on its way, so none
+   * hits a later statement (those start only then).
    *
-   * A CancelRequest (on a new connection, with the backend's pid and
-   * secret key; PostgreSQL manual §55.2.8 "Canceling Requests in
-   * Progress") acts only on a statement the backend is running: one that
-   * arrives before the statement does (they travel on two connections) or
-   * while the backend has not begun it is ignored, and the statement then
-   * runs on (a wait would run out its whole slice after an abort). So while a statement is still unanswered, it sends another,
-   * after 5 ms, then doubling pauses up to 500 ms (at most 40 in all), and
-   * each time waits until the server has closed that connection (it closes
-   * it after it has signalled the backend, or after 2 s).
-   *
-   * Resolves (never rejects) once every statement given before the call
-   * has settled (answered, failed, or its session lost: a statement with a
-   * timeout settles by then) and no CancelRequest of ours is still on its
-   * way, so a late one cannot hit a later statement; statements given
-   * after the call start only then. Resolves at once when no statement is
-   * pending. A canceled statement rejects with SQLSTATE 57014
-   * (query_canceled); the session stays usable, but a wait that was
-   * granted just before the cancel took effect holds the lock: callers
-   * release or close.
+   * A CancelRequest (§55.2.8) that arrives on its own connection before
+   * the backend begins the statement is ignored, and a wait would run out
+   * its slice. So while a statement is unanswered, it is sent again after
+   * 5 ms, doubling up to 500 ms (40 at most), each after the server closed
+   * the last one's connection. A canceled statement rejects with 57014;
+   * a wait granted just before holds the lock: callers release or close.
    */
   cancel(): Promise<void> {
     if (this.#pending === 0 || this.#lost !== undefined) {
@@ -395,9 +343,7 @@ export class Session {
 
   /** Closes the connection politely (Terminate message). */
   async close(): Promise<void> {
-    this.stopHeartbeat();
-    if (this.#lost === undefined) this.#lost = "was closed by runlock";
-    this.#onLost = undefined;
+    this.#end("was closed by runlock");
     try {
       // A caller awaits this: keep the process alive until it is done.
       hold();
@@ -407,9 +353,17 @@ export class Session {
 
   /** Drops the connection at once (no round trip). */
   destroy(reason = "was closed by runlock"): void {
+    this.#end(reason);
+    this.#drop();
+  }
+
+  #end(reason: string): void {
     this.stopHeartbeat();
-    if (this.#lost === undefined) this.#lost = reason;
+    this.#lost ??= reason;
     this.#onLost = undefined;
+  }
+
+  #drop(): void {
     try {
       this.#client.connection.stream.destroy();
     } catch { /* already gone */ }
@@ -417,22 +371,18 @@ export class Session {
 
   #lose(what: string): void {
     if (this.#lost !== undefined) return;
-    // Our own deadline: the backend may be alive and busy, not gone (a
-    // commit waiting for a synchronous standby that is not connected
-    // holds the advisory lock its statement took, and a closed socket does
-    // not end it while it waits). Ask it to stop, so that it answers into
-    // the closed socket and ends, dropping what it holds.
+    // Our own deadline: the backend may be busy, not gone (a commit
+    // waiting for an absent synchronous standby holds its lock, and a
+    // closed socket does not end it). Cancel it, so it answers into the
+    // closed socket and ends.
     if (this.#pending > 0 && what.startsWith("did not answer")) {
       void sendCancel(this.#client);
     }
     this.#lost = what;
     this.stopHeartbeat();
-    // Make the loss real: if only our heartbeat noticed, the server may
-    // still think we hold the lock; closing the socket ends the backend
-    // (at once if the network works, by keepalive otherwise).
-    try {
-      this.#client.connection.stream.destroy();
-    } catch { /* already gone */ }
+    // If only our heartbeat noticed, the server may still think we hold
+    // the lock: closing the socket ends the backend (or keepalive does).
+    this.#drop();
     const listener = this.#onLost;
     this.#onLost = undefined;
     listener?.(what);

@@ -1,5 +1,5 @@
-// The server settings of runlock's sessions, as the startup packet's
-// "options" string carries them.
+// The server settings of runlock's sessions (docs/postgres.md, "Server
+// settings").
 //
 // References (PostgreSQL 15 manual):
 //   [options]   §55.7 Message Formats, StartupMessage "options" (spaces
@@ -15,12 +15,10 @@
 //   [upsert]    §13.2.1 Read Committed Isolation Level
 
 /**
- * The server settings every runlock session starts with, sent in the
- * startup packet ("options", `-c name=value` [options]). A value set
- * there wins over ALTER ROLE ... SET, ALTER DATABASE ... SET,
- * ALTER SYSTEM and postgresql.conf [guc], and nothing else runs on these
- * sessions to change it. Each one is pinned because a common setting of
- * the role, database or server breaks a promise:
+ * The settings every session starts with, in the startup packet
+ * ("options" [options]), where they win over role, database and server
+ * settings [guc]. Each is pinned because a common setting breaks a
+ * promise:
  *
  * - tcp_keepalives_*, tcp_user_timeout: the server drops a vanished
  *   client in seconds (§20.3.1), before our heartbeat gives up.
@@ -70,18 +68,10 @@ export function sessionSettings(o: {
   };
 }
 
-/**
- * A value for the startup "options" string: the server splits it at
- * whitespace, and a backslash keeps the next character (a space, a
- * backslash) in the value [options].
- */
+/** A value for "options", escaped: it is split at whitespace [options]. */
 export function optionValue(value: string): string {
   return value.replace(/[\\\s]/g, (c) => `\\${c}`);
 }
 
-/**
- * The custom setting that names the client of a lock session: a random
- * nonce the client sets once, on a server session that has none (see
- * _bind.ts). Only the session this client opened has it.
- */
+/** The custom setting holding a lock session's nonce (_bind.ts). */
 export const SESSION_SETTING = "runlock.session";

@@ -1,33 +1,23 @@
 // Every statement the PostgreSQL backend sends, one named constant each
-// (the queue's are in _queue_sql.ts, the table's DDL in _ddl.ts). Values
-// are always parameters ($1, $2, ...). The only text spliced in is the
-// table's identifier, quoted by `quoteIdent` (identifiers cannot be
-// parameters), once per pgLocks object.
+// (the queue's: _queue_sql.ts; the DDL: _ddl.ts). Values are parameters;
+// only the table's identifier is spliced in, quoted by `quoteIdent`.
 //
-// Every system function, table, type and operator is named with its
-// schema (pg_catalog.pg_try_advisory_lock, pg_catalog.pg_locks,
-// pg_catalog.text, OPERATOR(pg_catalog.=)): a role whose search_path puts
-// a schema of its own before pg_catalog (`SET search_path = app,
-// pg_catalog`) makes a bare name mean that schema's function, view or
-// operator [search] (an impostor pg_try_advisory_lock that returns true
-// would give two holders). The pinned search_path (_settings.ts) puts
-// pg_catalog first; the qualified names hold even without it. SQL
-// keywords that name types (bigint, integer, boolean) are not looked up
-// in search_path and stay bare.
+// Every system function, table, type and operator is schema-qualified: a
+// role whose search_path puts a schema of its own before pg_catalog makes
+// a bare name mean that schema's object [search] (an impostor
+// pg_try_advisory_lock returning true would give two holders). Keywords
+// that name types (bigint, integer, boolean) are not looked up: bare.
 //
 // References (PostgreSQL 15 manual):
 //   [advisory]  §9.27.10 Advisory Lock Functions
 //   [explicit]  §13.3.5 Advisory Locks
-//   [pglocks]   §54.12 pg_locks (advisory keys: classid = high half,
-//               objid = low half, objsubid = 1 for a bigint key)
-//   [upsert]    §13.2.1 Read Committed Isolation Level (INSERT ... ON
-//               CONFLICT DO UPDATE), and INSERT, "ON CONFLICT Clause"
+//   [pglocks]   §54.12 pg_locks (bigint key: classid = high half,
+//               objid = low half, objsubid = 1)
+//   [upsert]    §13.2.1 Read Committed Isolation Level, INSERT ... ON
+//               CONFLICT DO UPDATE
 //   [with]      §7.8.4 Data-Modifying Statements in WITH
 //   [stats]     §28.2.3 pg_stat_activity (backend_xmin)
-//   [search]    §5.9.3 The Schema Search Path ("pg_catalog ... is
-//               searched after ... if it is listed later in the path"),
-//               §10.2 Operators and §10.3 Functions (both resolved
-//               through the path)
+//   [search]    §5.9.3 The Schema Search Path; §10.2, §10.3
 import { quoteIdent, tableDefinition, tableName } from "./_ddl.ts";
 import { SESSION_SETTING } from "./_settings.ts";
 
@@ -35,21 +25,16 @@ import { SESSION_SETTING } from "./_settings.ts";
 export const GUARD_MARK = "runlock: not this client's server session";
 
 /**
- * `expr`, of SQL type `type`, when the statement runs on the server
- * session this client bound (its SESSION_SETTING equals the nonce in
- * parameter `$n`); otherwise the statement fails (a cast of GUARD_MARK
- * to `type`, 22P02) before the function whose argument this is runs.
- * Every advisory lock function a lock session calls takes its key through
- * this, so that a pooler that sends a statement to a server session of
- * another client (transaction or statement pooling, a load balancer) can
- * neither take, keep nor release a lock there. The ELSE arm is not a
- * constant (current_setting is stable), so the planner never evaluates it
- * early (manual §4.2.14). A guard of a statement that calls no function
- * with a key (pg_advisory_unlock_all, the owned check) is `true` in a
- * one-row subquery the statement filters on (`WHERE g.ok`): a column
+ * `expr` (SQL type `type`) only on the server session this client bound
+ * (its SESSION_SETTING equals the nonce in `$n`); elsewhere the statement
+ * fails (22P02, GUARD_MARK cast to `type`) before the function taking
+ * this argument runs. Every advisory lock function takes its key through
+ * this, so a pooler or balancer that reroutes a statement can neither
+ * take, keep nor release a lock. The ELSE arm is not constant, so the
+ * planner never folds it early (§4.2.14). A statement without a keyed
+ * function filters on it in a one-row subquery (`WHERE g.ok`): a column
  * nothing reads would be dropped by the planner, guard and all. The
- * message says whether the session has another client's nonce or none,
- * never the nonce.
+ * message never shows the nonce.
  */
 export function guarded(expr: string, type: string, n: number): string {
   return `(CASE WHEN pg_catalog.current_setting('${SESSION_SETTING}', true)
@@ -85,26 +70,15 @@ export interface Statements {
 const COLUMNS =
   "name, key, fence, pid, host, started, runtime, meta, backend_pid";
 
-// The upsert both acquire statements share. `fence` grows by one on every
-// acquisition, in the statement that writes the record, so a record and
-// its fence are committed together. It never falls below the floor of the
-// server's timeline (FENCE_FLOOR): on timeline 1 it starts at 1, and a
-// standby promoted to timeline t hands out fences above (t - 1) * 2^32,
-// above every fence of the timelines before it, even those its
-// asynchronous replication missed. In READ COMMITTED an
-// INSERT ... ON CONFLICT DO UPDATE updates the latest committed version of
-// the conflicting row even when the statement's snapshot is older [upsert]:
-// a waiter whose statement began before the previous holder's acquisition
-// still reads that holder's fence. A conflict on `key` (another name with
-// the same 64-bit key) is not covered by ON CONFLICT (name): it raises
-// unique_violation (23505), which is how a key collision is detected.
+// `fence` grows by one on every acquisition, committed with its record,
+// and never falls below FENCE_FLOOR (docs/postgres.md, "Failover"). In
+// READ COMMITTED, ON CONFLICT DO UPDATE updates the latest committed row
+// even under an older snapshot [upsert]: a waiter reads the previous
+// holder's fence. A conflict on `key` (another name, same key) raises
+// 23505: that is how a key collision is detected.
 /**
- * The floor of fences on the server's current timeline, (t - 1) * 2^32:
- * a promotion starts a new timeline, whose number any role can read in
- * the name of the WAL file being written (its first 8 hex digits; manual
- * §9.27.3, pg_walfile_name and pg_current_wal_lsn). Fences of one
- * timeline stay below the next one's floor for the first 2^32
- * acquisitions of a name.
+ * (t - 1) * 2^32 on the server's timeline t, read from the current WAL
+ * file's name (its first 8 hex digits, §9.27.3; any role may call it).
  */
 const FENCE_FLOOR = `((('x' OPERATOR(pg_catalog.||) pg_catalog.substr(
        pg_catalog.pg_walfile_name(pg_catalog.pg_current_wal_lsn()), 1, 8))
@@ -158,39 +132,24 @@ export function statements(schema: string): Statements {
     identity:
       `SELECT CURRENT_USER AS role, pg_catalog.current_database() AS database`,
 
-    // Created on first use. CREATE ... IF NOT EXISTS is not atomic: two
-    // sessions creating the same table (or schema) at once can fail with
-    // unique_violation on pg_type_typname_nsp_index (or
-    // pg_namespace_nspname_index). So creators serialize on a
-    // transaction-level advisory lock in the two-int4 key space (objsubid
-    // 2 in pg_locks), which never collides with the bigint keys of lock
-    // names [advisory]. Sent only when to_regclass says the table is
-    // missing, so a role with only SELECT/INSERT/UPDATE on an existing
-    // table works; the schema is created only when to_regnamespace says it
-    // is missing (that needs CREATE on the database).
-    //   name         the lock name (primary key)
-    //   key          its 64-bit advisory key; UNIQUE detects two names
-    //                that hash to one key instead of sharing a lock
-    //   fence        increments on every acquisition; never reset
-    //   pid, host    the holder process and its host
-    //   started      when it took the lock (server clock)
-    //   runtime      deno, node or bun
-    //   meta         the caller's fields
-    //   backend_pid  the holder's server process; NULL once released. The
-    //                row counts as held only while this backend holds the
-    //                advisory lock in pg_locks, so a dead holder's row reads
-    //                stale, never held.
+    // Created on first use, sent only when tableState says it is missing
+    // (so a role without CREATE works on an existing table). CREATE ... IF
+    // NOT EXISTS is not atomic: two creators at once can fail with 23505 on
+    // pg_type_typname_nsp_index (or pg_namespace_nspname_index), so they
+    // serialize on a transaction-level lock in the two-int4 key space
+    // (objsubid 2), apart from the names' bigint keys [advisory]. `key` is
+    // UNIQUE to detect collisions; `backend_pid` is NULL once released, and
+    // a row counts as held only while that backend holds the key in
+    // pg_locks, so a dead holder's row reads stale.
     ensureTable: ddl(false),
     ensureSchemaAndTable: ddl(true),
-    // The same inside a transaction the session is in already (a lock
-    // session through a pooler, _bind.ts), which commits it.
+    // The same inside a pinned session's transaction (_bind.ts).
     ensureTableIn: ddlIn(false),
     ensureSchemaAndTableIn: ddlIn(true),
 
-    // The fast path, one round trip: take the advisory lock without
-    // waiting and, only if that worked, write the record. Zero rows means
-    // someone holds the key. pg_try_advisory_lock is volatile, so the
-    // MATERIALIZED CTE runs it exactly once, before the INSERT reads it.
+    // The one-round-trip try: the record is written only if the lock was
+    // taken; zero rows means someone holds the key. The MATERIALIZED CTE
+    // runs the volatile pg_try_advisory_lock exactly once.
     // $1 name, $2 key, $3 pid, $4 host, $5 runtime, $6 meta (json text),
     // $7 the session's nonce (see guarded).
     tryAcquire: `WITH got AS MATERIALIZED (
@@ -199,15 +158,11 @@ export function statements(schema: string): Statements {
     }) AS ok
       ) ${upsert(table, "got WHERE got.ok")}`,
 
-    // Waiting: block in pg_advisory_lock, so the server hands the lock over
-    // the instant its holder's session releases it or ends (no polling),
-    // then write the record in the same statement. lock_timeout ($7, ms)
-    // bounds the wait; set_config(..., true) is local to this statement's
-    // implicit transaction, so it is gone afterwards. A blocked statement
-    // holds a snapshot, which holds back VACUUM's horizon cluster-wide
-    // (pg_stat_activity.backend_xmin [stats]: a blocked pg_advisory_lock
-    // shows one), so callers wait in slices of a few seconds rather than
-    // for hours in one statement. $8 the session's nonce.
+    // Waiting in pg_advisory_lock (the server hands the lock over the
+    // instant it is free), then the record, in one statement. lock_timeout
+    // ($7, ms), local to the statement's transaction, bounds the wait: a
+    // blocked statement holds a snapshot, so VACUUM's horizon
+    // (backend_xmin [stats]), and callers wait in slices. $8 the nonce.
     waitAcquire: `WITH cfg AS MATERIALIZED (
         SELECT pg_catalog.set_config('lock_timeout', $7::pg_catalog.text, true)
       ), got AS MATERIALIZED (
@@ -216,16 +171,12 @@ export function statements(schema: string): Statements {
     }) FROM cfg
       ) ${upsert(table, "got")}`,
 
-    // Release: mark the record released (so it reads free, not stale),
-    // then drop every advisory lock of this session. The UPDATE matches
-    // only our own acquisition (fence and backend): if a successor already
-    // rewrote the row, it leaves theirs alone. The WITH sub-statement and
-    // the SELECT run in one snapshot in no guaranteed order [with]; the
-    // fence condition makes the order irrelevant. pg_advisory_unlock_all,
-    // not pg_advisory_unlock: session-level advisory locks stack (taken
-    // twice, they need two unlocks) [explicit], and this session is
-    // dedicated to one lock, so "all" is exactly ours.
-    // $1 name, $2 fence, $3 the session's nonce.
+    // Release: mark our record released (so it reads free, not stale) and
+    // drop the session's advisory locks. The UPDATE matches only our
+    // acquisition (fence and backend), so a successor's row is left alone
+    // whatever the order of the WITH and the SELECT [with]. unlock_all:
+    // session-level advisory locks stack [explicit], and the session is
+    // dedicated to one lock. $1 name, $2 fence, $3 the nonce.
     release: `WITH mark AS (
         UPDATE ${table} SET backend_pid = NULL
         WHERE name OPERATOR(pg_catalog.=) $1
@@ -236,23 +187,17 @@ export function statements(schema: string): Statements {
         (SELECT pg_catalog.count(*) FROM mark)::integer AS marked
       FROM (SELECT ${guarded("true", "boolean", 3)} AS ok) g WHERE g.ok`,
 
-    // After a failed acquire statement. Session-level advisory locks are
-    // NOT released when the transaction that took them rolls back
-    // [explicit]: if the lock was granted and the INSERT then failed (key
-    // collision, lock_timeout on the row, cancel), the session still holds
-    // it and must drop it before it is reused. $1 the session's nonce: only
-    // the session this client bound drops anything.
+    // After a failed acquire statement: a session-level advisory lock
+    // outlives the rollback of the statement that took it [explicit] (key
+    // collision, lock_timeout on the row, cancel). $1 the nonce.
     unlockAll: `SELECT pg_catalog.pg_advisory_unlock_all()
       FROM (SELECT ${guarded("true", "boolean", 1)} AS ok) g WHERE g.ok`,
 
-    // The read-only probe: the record for the name, any record of another
-    // name with the same key (a collision), and who holds the key right now
-    // in pg_locks (granted advisory lock, this database, bigint key split
-    // into classid/objid with objsubid 1 [pglocks]). Never takes the lock.
-    // pg_locks is read at call time while the table is read in the
-    // statement's snapshot, so a holder that commits its record between
-    // the two looks unrecorded: callers read again before calling a
-    // holder foreign.
+    // The probe: the name's record, another name's with the same key (a
+    // collision), and who holds the key now in pg_locks [pglocks]. pg_locks
+    // is read at call time, the table in the snapshot: a holder committing
+    // its record in between looks unrecorded, so callers read again before
+    // calling a holder foreign.
     // $1 name, $2 key, $3 classid (high half), $4 objid (low half).
     inspect: `SELECT
         r.fence::text AS fence, r.pid, r.host, r.started, r.runtime, r.meta,
@@ -276,39 +221,27 @@ export function statements(schema: string): Statements {
         ON a.pid OPERATOR(pg_catalog.=) l.pid
       LIMIT 1`,
 
-    // scan() and watch(): every record whose name starts with $1 (a
-    // literal prefix: starts_with, not LIKE, so % and _ are plain
-    // characters), with who holds its key right now, as `inspect` reads one
-    // name. Listed: records not released (backend_pid set: held or stale),
-    // keys held by anyone, and the names in $2 even when free (a watch
-    // passes the names it reported, to see them released). The key is the
-    // record's own column, split into pg_locks' two halves [pglocks]. As in
-    // `inspect`, pg_locks is read after the statement's snapshot, and an
-    // acquire or a release in flight (its commit may wait, for a WAL flush
-    // or a synchronous standby) reads half done:
+    // scan() and watch(): as `inspect`, for every record whose name starts
+    // with $1 (starts_with: % and _ are plain) that is not released, whose
+    // key anyone holds, or whose name is in $2 (a watch's reported names,
+    // to see them released). Only those are joined (`listed`, through the
+    // key's index and the primary key). An acquire or release in flight
+    // (its commit may wait for a WAL flush or a synchronous standby) reads
+    // half done:
     // - a key held by a session the record does not name: an acquire
-    //   granted, its record not yet committed;
-    // - `record_backend_alive`: a record whose key is free while the
-    //   backend it names still lives and started before it: a release that
-    //   dropped the key and has not committed yet, or a backend on its way
-    //   out (it drops its locks before it leaves pg_stat_activity).
-    // While the backend is 'active' (`holder_state`, `record_backend_state`)
-    // it is still in that statement. pg_stat_activity is read once per
-    // transaction, not when pg_locks is, so 'idle' may be stale by then.
-    // Without pg_read_all_stats (or membership in the role) another role's
-    // backend_start and state read NULL (`record_backend_checked` false),
-    // and with track_activities = off every state does. What needs no
-    // privilege: `record_writing`, the record's row version we read has
-    // an xmax whose transaction still holds its transactionid lock in
-    // pg_locks: a statement of another session has updated (or row-locked)
-    // the record and not committed yet (an acquire's upsert, a release's
-    // mark, an UPDATE or SELECT ... FOR UPDATE by hand). pg_locks is read
-    // once, in the MATERIALIZED CTE, for the advisory keys and the
-    // transactions alike. An xmax that is a MultiXactId (several row
-    // lockers) matches no transaction: then only pg_stat_activity tells.
-    // Only records that can be held or stale are joined (`listed`): those
-    // whose key is granted (through the key's index), those not marked
-    // released, and the names in $2 (through the primary key).
+    //   granted, its record not committed yet;
+    // - `record_backend_alive`: the key free while the backend the record
+    //   names lives and started before it: a release not committed yet, or
+    //   a backend on its way out (it drops its locks before it leaves
+    //   pg_stat_activity).
+    // 'active' (`holder_state`, `record_backend_state`) means still in that
+    // statement; pg_stat_activity is read once per transaction, so 'idle'
+    // may be stale. Without pg_read_all_stats another role's backend_start
+    // and state read NULL (`record_backend_checked` false), as every state
+    // does with track_activities = off. Needing no privilege,
+    // `record_writing`: the row's xmax still holds its transactionid lock,
+    // so another session's update or row lock is uncommitted (a
+    // MultiXactId matches none). pg_locks is read once, in `locks`.
     // $1 prefix (text), $2 names (text[]).
     scan: `WITH locks AS MATERIALIZED (
         SELECT l.locktype, l.pid, l.classid, l.objid, l.transactionid

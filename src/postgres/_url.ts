@@ -1,6 +1,4 @@
-// The caller's URL: checked, and read as node-postgres reads it, for the
-// messages that name the server (never the password) and for the URL a
-// lock session connects with.
+// The caller's URL: checked, and read as node-postgres reads it.
 import { process } from "../_process.ts";
 import { redact } from "../_redact.ts";
 import { granted } from "./_runtime.ts";
@@ -15,37 +13,20 @@ export interface Target {
   host: string;
   port: string;
   password: string;
-  /**
-   * Every form of the password the caller gave (as written, decoded, in
-   * the query, PGPASSWORD's), for {@linkcode redact} to mask wherever a
-   * message might echo one.
-   */
+  /** Every form of the password given, for {@linkcode redact} to mask. */
   secrets: string[];
-  /**
-   * What asks the client for TLS (`sslmode=require in the URL`,
-   * `PGSSLMODE=require`), or "" when nothing does, for the message that
-   * says a server without TLS refused it.
-   */
+  /** What asks for TLS (`sslmode=require in the URL`), or "". */
   tls: string;
-  /**
-   * The URL to connect with: the caller's, less the query parameters that
-   * would override runlock's pinned session settings (see `urlSettings`).
-   */
+  /** The caller's URL, less the parameters that undo pinned settings. */
   connectUrl: string;
-  /**
-   * The `-c name=value` settings of the URL's `options` parameter, to send
-   * before runlock's own (which win for the same name), written as the
-   * startup "options" string needs them.
-   */
+  /** The URL's `options` settings, sent before runlock's own (which win). */
   settings: Record<string, string>;
 }
 
 /**
- * Query parameters node-postgres acts on that would undo what a lock
- * session needs, with why: each overrides a setting runlock pins (they
- * are sent after the "options" string, and the server keeps the last
- * value), or breaks the client's reading of its rows. They are left out
- * of a lock session's URL; the caller's other sessions keep them.
+ * Query parameters left out of the URL to connect with: each would
+ * override a pinned setting (sent after "options", the last value wins)
+ * or break the client's reading of rows.
  */
 const DROPPED_PARAMS = [
   "statement_timeout", // would cut a wait, which is one long statement
@@ -115,15 +96,12 @@ function urlSettings(
 }
 
 /**
- * Checks and reads the caller's URL, and works out which server, database
- * and user node-postgres will connect to with it, exactly as it does
- * (pg-connection-string's `parse`, then pg's ConnectionParameters): query
- * parameters (`?host=`, `?port=`, `?user=`, `?password=`) win over the
- * URL's parts, and an empty part falls back to PGHOST, PGPORT, PGUSER,
- * PGDATABASE, PGPASSWORD (read only when Deno grants --allow-env, as the
- * client needs anyway), then to localhost, 5432, $USER and the user's
- * name. So messages, the `--allow-net` advice and the key of the locks
- * this process holds name the server and database the client really uses.
+ * Checks the caller's URL and reads the server, database and user exactly
+ * as node-postgres will (pg-connection-string's `parse`, then
+ * ConnectionParameters: query parameters win over the URL's parts, empty
+ * parts fall back to PG* variables if Deno grants --allow-env, then to
+ * localhost, 5432, $USER), so messages, the `--allow-net` advice and the
+ * registry of held locks name the server the client really uses.
  */
 export function parseUrl(url: unknown): Target {
   if (typeof url === "string") checkAmbiguous(url);
@@ -164,8 +142,7 @@ export function parseUrl(url: unknown): Target {
       }`,
     );
   }
-  // A bad percent-escape (a literal `%` in a password) is the caller's
-  // input: a TypeError now, naming the part, never the password itself.
+  // A bad percent-escape: a TypeError naming the part, never the password.
   const decode = (
     part: string,
     what: string,
@@ -181,8 +158,6 @@ export function parseUrl(url: unknown): Target {
       );
     }
   };
-  // node-postgres would re-escape a `%` that starts no escape (below);
-  // runlock refuses it, saying how to write it (%25).
   decode(u.password, "password");
   decode(u.username, "user name");
   decode(u.pathname, "database name");
@@ -190,9 +165,8 @@ export function parseUrl(url: unknown): Target {
     ? process.env
     : {} as Record<string, string | undefined>;
   const dummy = u.hostname === "___DUMMY___";
-  // pg-connection-string: a URL with a space or a `%` that starts no
-  // escape is first passed through encodeURI (which re-escapes every `%`
-  // but those before two digits); its parts are read from that.
+  // pg-connection-string passes a URL with a space or a bad `%` through
+  // encodeURI (keeping `%` before two digits) and reads that.
   let p = u;
   if (/ |%[^a-f0-9]|%[a-f0-9][^a-f0-9]/i.test(text)) {
     try {
@@ -222,26 +196,19 @@ export function parseUrl(url: unknown): Target {
   const path = pathname.slice(1);
   const database = (path ? decode(path, "database name", decodeURI) : "") ||
     env.PGDATABASE || user;
-  // node-postgres takes every query parameter as a client option, and an
-  // `options` parameter replaces the one runlock sends: its settings are
-  // kept (sent first), the parameters that would undo a pinned setting
-  // are dropped (DROPPED_PARAMS).
+  // An `options` parameter would replace runlock's: its settings are sent
+  // first instead.
   const settings = urlSettings(u.searchParams.get("options") ?? "", text);
   let connectUrl = text;
   const drop = ["options", ...DROPPED_PARAMS].filter((name) =>
     u.searchParams.has(name)
   );
-  // A replication connection (`?replication=database`, or PGREPLICATION,
-  // which the client reads when the URL says nothing) is a walsender, which
-  // runs no statement of ours (08P01): `replication=false` (a boolean the
-  // server accepts, and a value the client takes over the variable) makes
-  // it an ordinary session.
+  // A replication connection (`?replication=`, or PGREPLICATION) is a
+  // walsender, which runs none of our statements (08P01):
+  // `replication=false` (which wins over the variable) makes it ordinary.
   const replication = u.searchParams.has("replication") ||
     (env.PGREPLICATION ?? "") !== "";
-  // What asks for TLS, as pg-connection-string and ConnectionParameters
-  // read it: sslmode (but disable), ssl, a certificate or a key, direct
-  // negotiation; without them, PGSSLMODE. Read before the sslmode of
-  // the URL to connect with is rewritten (below).
+  // What asks for TLS, as the client reads it; before sslmode is rewritten.
   const last = (name: string) => q.getAll(name).at(-1) ?? "";
   const tlsParam = ["sslmode", "ssl", "sslcert", "sslkey", "sslrootcert"]
     .find((name) =>
@@ -258,11 +225,9 @@ export function parseUrl(url: unknown): Target {
         env.PGSSLMODE !== "disable"
     ? `PGSSLMODE=${env.PGSSLMODE}`
     : "";
-  // pg-connection-string 2.x warns (process.emitWarning, a dozen lines on
-  // stderr, once per process) for sslmode=prefer, require and verify-ca,
-  // which it treats as verify-full: each gives `ssl: {}`, as verify-full
-  // does, unless `uselibpqcompat=true` asks for libpq's meanings (and no
-  // warning). Asking for verify-full is the same TLS, without the warning.
+  // pg-connection-string 2.x treats sslmode=prefer, require and verify-ca
+  // as verify-full (unless uselibpqcompat=true), with a dozen-line warning
+  // on stderr: asking for verify-full is the same TLS, without it.
   const sslmode = u.searchParams.getAll("sslmode").at(-1);
   const sslAlias = u.searchParams.getAll("uselibpqcompat").at(-1) !== "true" &&
     (sslmode === "prefer" || sslmode === "require" || sslmode === "verify-ca");
@@ -301,14 +266,10 @@ export function parseUrl(url: unknown): Target {
 }
 
 /**
- * Refuses a URL whose host, port or database could be part of a password:
- * an "@" after the end of the host (its first "/", "?" or "#"), with a ":"
- * before it. `postgres://app:2024/x@db/app` is host "app", port 2024 and
- * database "x@db/app" to a URL parser (and to node-postgres), while its
- * writer meant the password "2024/x": messages, which name the server and
- * the database, would print it (libpq, too, ends the password at a "/").
- * The same for a "?" or "#" of a password, which ends the host for a URL
- * parser, so for node-postgres.
+ * Refuses a URL with an "@" after the end of its host (a "/", "?" or "#")
+ * and a ":" before it: `postgres://app:2024/x@db/app` is host "app", port
+ * 2024, database "x@db/app" to node-postgres, while its writer meant the
+ * password "2024/x", which messages naming the database would print.
  */
 function checkAmbiguous(url: string): void {
   const scheme = /^postgres(ql)?:\/\//i.exec(url);

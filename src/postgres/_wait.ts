@@ -1,42 +1,29 @@
 // Waiting for a lock, first come, first served, in slices.
 //
-// A blocked statement holds a snapshot (and so VACUUM's horizon), so no
-// wait statement lasts longer than a slice (WAIT_SLICE_MS). The server's
-// queue of a lock is first come, first served, but a waiter whose slice
-// ran out and that waits again goes to its back (with 20 workers on one
-// key, waits of 3 times the FIFO bound). So waiters queue in the server's
-// lock manager themselves (a CLH queue; the statements are in
-// _queue_sql.ts):
-//
-// - a waiter takes a ticket, one more than the greatest in the name's
-//   queue, and holds its node, the advisory lock (queue, ticket);
-// - it waits on its live predecessor's node (the greatest ticket below
-//   its own still held), a lock nobody else waits on, so a slice that runs
-//   out and a wait that starts again lose nothing; when that node is let
-//   go of (its holder was granted the lock, gave up, was aborted, or its
-//   session ended), it looks for its predecessor again, in the same
-//   statement, and waits on the key if it has none;
-// - the head (no predecessor) waits on the name's key; when granted it, it
-//   lets go of its node in the same statement, so its successor becomes
-//   the head and waits on the key while it holds the lock (before its
-//   answer has even reached it: no round trip of ours in between), and
-//   the server hands the lock over the instant it is released.
-// Tickets need no durability: a node lives only as long as its session,
-// and a server restart ends every session, so every waiter queues again
-// (in the order it reconnects). What can still go out of order: an
-// acquire that does not wait (the try) or a waiter at the end of a slice
-// (it tries too, see below) can take the lock in the moment it is free
-// between a holder's release and the next head's wait, which needs a
-// holder that holds for less time than the hand-over takes (a few round
-// trips); waiters of older runlock versions wait on the key itself, in
-// the server's queue, beside our head. Two names whose queue numbers (32
-// bits of the key) collide share a queue: a waiter may then wait behind
-// one of the other name. Every waiter tries the lock at the end of each
-// slice, so that costs it at most a slice, as does a predecessor that is
-// stopped (SIGSTOP) while the server hands it the node. In pg_locks a
-// queue shows as one granted lock (classid queue, objid ticket, objsubid
-// 2) per waiter, each but the head's watched by one ungranted lock, and
-// the head waiting on the name's key.
+// No wait statement outlasts a slice (WAIT_SLICE_MS): a blocked statement
+// holds a snapshot, so VACUUM's horizon. The server's own queue is FIFO,
+// but a waiter whose slice ran out rejoins at its back (with 20 workers
+// on one key, waits of 3 times the FIFO bound). So waiters form a CLH
+// queue of advisory locks (statements: _queue_sql.ts):
+// - a waiter takes a ticket after the greatest in the name's queue and
+//   holds its node (queue, ticket);
+// - it waits on its live predecessor's node, which nobody else waits on,
+//   so a slice that runs out loses nothing; when that node is let go of,
+//   it finds its next predecessor in the same statement, or waits on the
+//   key if it has none;
+// - the head, once granted the key, lets go of its node in the same
+//   statement, so its successor waits on the key before the head's answer
+//   has even reached it.
+// A node lives as long as its session: after a restart every waiter
+// queues again. Out of order still: a try, or a waiter's try at the end
+// of a slice, in the moment between a release and the next head's wait;
+// waiters of runlock versions without the queue, which wait on the key
+// beside our head; two names whose queue numbers (32 bits of the key)
+// collide, sharing a queue; a predecessor stopped (SIGSTOP) as it is
+// handed its node. Each costs a waiter at most a slice, since it tries
+// the lock at the end of each. In pg_locks a queue is one granted lock
+// (classid queue, objid ticket, objsubid 2) per waiter, each but the
+// head's watched by one ungranted lock.
 import { sqlState } from "./_failure.ts";
 import type { AcquireHost } from "./_host.ts";
 import type { LockTag } from "./_key.ts";
@@ -104,7 +91,7 @@ export class Queue {
     timeout: number,
   ): Promise<Record<string, unknown>[]> {
     this.#call.signal?.throwIfAborted();
-    return this.#session.query(text, params, statement, false, timeout);
+    return this.#session.query(text, params, timeout, statement);
   }
 
   /**
@@ -114,15 +101,13 @@ export class Queue {
   async wait(): Promise<Record<string, unknown> | undefined> {
     const call = this.#call;
     if (this.ticket === undefined && this.#usable) await this.#enqueue();
-    // Unknown at first: the statement finds it (and waits on the key if
-    // there is none).
+    // Unknown at first: the statement finds it.
     let pred: number | null = null;
     for (;;) {
       const remaining = call.deadline - performance.now();
       if (remaining <= 0) return undefined;
       const slice = Math.ceil(Math.min(remaining, WAIT_SLICE_MS));
-      // The server answers by the end of the slice (lock_timeout); no
-      // answer by then plus a heartbeat timeout means it is unreachable.
+      // No answer by the slice's end plus a heartbeat timeout: unreachable.
       const late = slice + call.host.heartbeatTimeout;
       if (this.ticket === undefined) {
         return await waitOnKey(call, this.#session, slice, late);
@@ -147,9 +132,8 @@ export class Queue {
         if (this.#session.lost !== undefined || call.signal?.aborted) {
           throw err;
         }
-        // Session-level advisory locks outlive the failed statement
-        // (§13.3.5): drop the key if it was granted, and learn whether our
-        // node is still ours (it is unless the key was granted).
+        // The key, if granted, outlives the failure (§13.3.5): drop it,
+        // and learn whether our node is still ours.
         const [state] = await this.#session.query(
           this.sql.afterWait,
           [
@@ -160,9 +144,8 @@ export class Queue {
             ticket,
             this.#session.nonce,
           ],
-          "runlock_queue_after_wait",
-          false,
           call.host.statementTimeout,
+          "runlock_queue_after_wait",
         );
         if (state?.node_held !== true) this.ticket = undefined;
         if (sqlState(err) === "55P03") return undefined; // lock_not_available
@@ -215,9 +198,8 @@ export class Queue {
     await this.#session.query(
       this.sql.unlockNode,
       [this.number, ticket, this.#session.nonce],
-      "runlock_queue_leave",
-      false,
       this.#call.host.statementTimeout,
+      "runlock_queue_leave",
     );
   }
 
@@ -238,17 +220,15 @@ export class Queue {
     await this.#session.query(
       this.#call.host.sql.unlockAll,
       [this.#session.nonce],
-      "runlock_unlock_all",
-      false,
       this.#call.host.statementTimeout,
+      "runlock_unlock_all",
     );
   }
 }
 
 /**
- * One slice of waiting on the key itself (outside the queue, as runlock
- * versions without the queue wait). Returns the record row when the lock was taken,
- * undefined when the slice ran out (lock_timeout).
+ * One slice of waiting on the key itself, outside the queue: the record
+ * row, or undefined when the slice ran out (lock_timeout).
  */
 async function waitOnKey(
   call: Call,
@@ -273,13 +253,10 @@ async function waitOnKey(
 }
 
 /**
- * Runs an acquire statement, with the session's nonce as its last
- * parameter (its guard, _sql.ts). After any failure, drops whatever advisory
- * lock the failed statement took: session-level advisory locks survive
- * the rollback of the statement that took them (PostgreSQL manual
- * §13.3.5), so a collision or a lock_timeout on the row after the lock
- * was granted would otherwise leave this session holding it. (Used
- * outside the queue only: it drops a queue node too.)
+ * Runs an acquire statement with the session's nonce as its last
+ * parameter. After a failure, drops every advisory lock of the session:
+ * one the statement was granted outlives its rollback (§13.3.5). Outside
+ * the queue only: it drops a queue node too.
  */
 export async function attempt(
   call: Call,
@@ -294,9 +271,8 @@ export async function attempt(
     return await session.query(
       text,
       [...params, session.nonce],
-      statement,
-      false,
       timeout,
+      statement,
     );
   } catch (err) {
     // An aborted acquire ends its session, which drops everything.
@@ -304,9 +280,8 @@ export async function attempt(
     await session.query(
       call.host.sql.unlockAll,
       [session.nonce],
-      "runlock_unlock_all",
-      false,
       call.host.statementTimeout,
+      "runlock_unlock_all",
     );
     if (sqlState(err) === "23505") throw await collision(call, session, err);
     throw err;
@@ -319,7 +294,6 @@ async function collision(
   session: Session,
   err: unknown,
 ): Promise<KeyCollisionError> {
-  // unique_violation on `key`: another name's row has our key.
   const found = await find(
     session,
     call.host.sql,

@@ -1,12 +1,11 @@
-// PgLocks.watch(): the lock names' changes, by polling the scan statement
-// on a session of the watch's own and comparing each poll with what was
-// reported last. PostgreSQL tells nobody when an advisory lock is taken or
-// dropped (LISTEN/NOTIFY would need every holder's help, and a crashed
-// holder sends nothing), so this polls pg_locks at an interval.
+// PgLocks.watch(): polls the scan statement on a session of its own and
+// compares each poll with what it reported last. Polling, as PostgreSQL
+// announces no advisory lock change (LISTEN/NOTIFY would need every
+// holder's help, and a crashed holder sends nothing).
 import { clearTimeout, setTimeout } from "node:timers";
 import { RunlockError } from "../errors.ts";
 import { MAX_TIMER_MS } from "./_clock.ts";
-import { isSessionError } from "./_failure.ts";
+import { isSessionError, SOCKET_GONE } from "./_failure.ts";
 import type { WatchHost } from "./_host.ts";
 import { keyOf, lockTagOf } from "./_key.ts";
 import {
@@ -25,10 +24,7 @@ import type {
 import { scanLabel, type Scanned, scanTable } from "./_scan.ts";
 import type { Session } from "./_session.ts";
 
-/**
- * How long the polls may keep failing on a lost or refused connection (a
- * server restarting, a network down) before the watch gives up.
- */
+/** How long polls may fail on a lost or refused connection before giving up. */
 const RECONNECT_MS = 30_000;
 
 const ACTION = "watch the locks";
@@ -119,10 +115,9 @@ export function watchLocks(
 }
 
 /**
- * The iterator of one iteration: the polling generator, and a stop of
- * its own (return(), or the object's end()) that ends a next() in flight
- * at once, as the caller's signal does: a generator's return() would wait
- * behind that next() until a change came.
+ * The polling generator with a stop of its own (return(), end()) that
+ * ends a next() in flight at once: a generator's return() would wait
+ * behind it until a change came.
  */
 function iterate(
   host: WatchHost,
@@ -190,9 +185,8 @@ async function* poll(
       table,
       last,
     );
-    // A poll in flight on abort: the server is asked to stop it (a
-    // statement waiting for a lock would not notice the closed socket
-    // until it got the lock), and the session is dropped at once.
+    // A statement waiting for a lock would not notice a closed socket
+    // until granted: cancel it, and drop the session at once.
     const stop = () => {
       void s.cancel();
       s.destroy("was closed by the watch's signal");
@@ -210,11 +204,7 @@ async function* poll(
     }
   };
 
-  /**
-   * The changes of one poll, with `last` and `held` brought up to date
-   * only when it is complete (a failure half way reports nothing of it:
-   * the next poll compares again, whole).
-   */
+  /** One poll's changes; `last` and `held` change only once it is whole. */
   const compare = async (rows: Scanned[]): Promise<PgChange[]> => {
     const now = new Map(last);
     const wait = new Map(held);
@@ -232,8 +222,7 @@ async function* poll(
       const kind = kindOf(now.get(info.path), info);
       if (kind === undefined) {
         wait.delete(info.path);
-        // Same holding: keep the newest read (a foreign holder's
-        // application name may change).
+        // Keep the newest read (an application name may change).
         if (info.state !== "free") now.set(info.path, info);
         continue;
       }
@@ -249,9 +238,8 @@ async function* poll(
       wait.delete(info.path);
       report(info.path, kind, info);
     }
-    // Names reported and now missing from the table: their record was
-    // deleted (by hand: runlock never deletes one). Whoever holds the key
-    // still holds the lock, so each is inspected.
+    // Reported names missing from the table: their record was deleted by
+    // hand (runlock never does), and whoever holds the key still holds it.
     for (const [path, prev] of last) {
       if (listed.has(path)) continue;
       wait.delete(path);
@@ -346,12 +334,7 @@ async function* poll(
 function isConnectError(err: unknown): boolean {
   const cause = err instanceof RunlockError ? err.cause : err;
   const code = (cause as { code?: unknown } | null)?.code;
-  if (
-    code === "ECONNREFUSED" || code === "ECONNRESET" || code === "EPIPE" ||
-    code === "ETIMEDOUT" || code === "EHOSTUNREACH" || code === "ENETUNREACH"
-  ) {
-    return true;
-  }
+  if (typeof code === "string" && SOCKET_GONE.has(code)) return true;
   if (typeof code === "string" && /^[0-9A-Z]{5}$/.test(code)) {
     // cannot_connect_now (57P03: starting up, shutting down), the
     // shutdowns (57P01, 57P02), connection exceptions (08xxx), and

@@ -230,16 +230,11 @@ class PgLocksImpl implements PgLocks, AcquireHost, WatchHost {
       signal,
       action.startsWith("watch") ? "watch" : "probe",
     );
-    const rows = await s.query(
-      this.sql.standby,
-      [],
-      undefined,
-      false,
-      this.statementTimeout,
-    ).catch((err) => {
-      s.destroy();
-      throw this.refused(name, action, err);
-    });
+    const rows = await s.query(this.sql.standby, [], this.statementTimeout)
+      .catch((err) => {
+        s.destroy();
+        throw this.refused(name, action, err);
+      });
     if (rows[0]?.standby === true) {
       await s.close();
       throw new RunlockError(
