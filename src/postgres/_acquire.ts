@@ -15,7 +15,7 @@ import type { AcquireHost } from "./_host.ts";
 import { keyOf, type LockTag, lockTagOf } from "./_key.ts";
 import { heldByThisProcess } from "./_lock.ts";
 import { checkName, checkTimeout } from "./_options.ts";
-import { find, heldError } from "./_probe.ts";
+import { find, heldError, heldHere } from "./_probe.ts";
 import { hostName, runtime } from "./_runtime.ts";
 import type { Session } from "./_session.ts";
 import { attempt, type Call, Queue } from "./_wait.ts";
@@ -124,14 +124,6 @@ export async function acquire(
       throw host.refused(name, "acquire the lock", err);
     }
   }
-}
-
-/** The HeldError for a lock this very process holds, taken at `since`. */
-function heldHere(name: string, since: Date): HeldError {
-  return new HeldError(name, process.pid, hostName(), {
-    started: since,
-    byThisProcess: true,
-  });
 }
 
 /** Whether the deadline is still ahead. */

@@ -30,7 +30,7 @@ export class Connector {
       settings: {
         ...target.settings,
         ...this.#pinned,
-        // Whatever a role or database default says (_bind.ts).
+        // No client's yet, whatever a role default says (_bind.ts).
         [SESSION_SETTING]: "",
       },
     };
@@ -77,6 +77,7 @@ export class Connector {
         settings: {
           ...(this.#config.optionsRefused ? this.target.settings : {}),
           ...this.#pinned,
+          // Lock sessions only (a dead client behind a TCP proxy).
           idle_session_timeout: idle,
           // A lock session reached through a pooler stays in a transaction.
           idle_in_transaction_session_timeout: idle,

@@ -1,10 +1,12 @@
 // Probing a lock name: reading its record and who holds its key in
 // pg_locks, and what that means (free, held, stale, invalid, foreign).
+import { process } from "../_process.ts";
 import { HeldError } from "../errors.ts";
 import { delay } from "./_clock.ts";
 import type { LockTag } from "./_key.ts";
 import { ownedByThisProcess } from "./_lock.ts";
 import type { PgInspection } from "./_probe_types.ts";
+import { hostName } from "./_runtime.ts";
 import type { Session } from "./_session.ts";
 import type { Statements } from "./_sql.ts";
 import { ForeignHolderError } from "./errors.ts";
@@ -17,11 +19,9 @@ export interface Found {
 }
 
 /**
- * The HeldError for a lock a probe found held: a ForeignHolderError when
- * the key's holder wrote no record, one with `byThisProcess` when the
- * holder is this very process (through any pgLocks object, URL spelling
- * or copy of runlock: see ownedByThisProcess), else one naming the
- * record's pid and host.
+ * The HeldError for a lock a probe found held: a ForeignHolderError for a
+ * holder without a record, `byThisProcess` for this process (see
+ * ownedByThisProcess), else naming the record's pid and host.
  *
  * @param name The lock name.
  * @param info What the probe read (state `held`).
@@ -35,13 +35,16 @@ export function heldError(name: string, info: PgInspection): HeldError {
     return new ForeignHolderError(name, info.backendPid, m?.[1] ?? "");
   }
   const since = ownedByThisProcess(info);
-  if (since !== undefined) {
-    return new HeldError(name, info.pid, info.host, {
-      started: since,
-      byThisProcess: true,
-    });
-  }
+  if (since !== undefined) return heldHere(name, since);
   return new HeldError(name, info.pid, info.host, { started: info.started });
+}
+
+/** The HeldError for a lock this very process holds, taken at `since`. */
+export function heldHere(name: string, since: Date): HeldError {
+  return new HeldError(name, process.pid, hostName(), {
+    started: since,
+    byThisProcess: true,
+  });
 }
 
 /** Turns the inspect statement's row into an inspection. */
@@ -106,10 +109,8 @@ export function interpret(
 }
 
 /**
- * Reads the record and pg_locks for a name. A key held by a session
- * whose record we cannot see may be a holder whose acquire committed
- * between our reads of pg_locks and of the table (they are not one
- * snapshot): read again, briefly, before calling it foreign.
+ * Reads the record and pg_locks for a name; a foreign holder is read
+ * again, briefly (see the `inspect` statement).
  */
 export async function find(
   session: Session,

@@ -83,10 +83,8 @@ class PgLocksImpl implements PgLocks, AcquireHost, WatchHost {
   }
 
   startHeartbeat(session: Session, tag: LockTag): void {
-    // The heartbeat asks pg_locks whether this very server session still
-    // holds the key (guarded: only the session this client bound
-    // answers), never a bare round trip that a balancer could answer
-    // from another server.
+    // pg_locks, guarded: never a bare round trip, which a balancer could
+    // answer from another server.
     session.startHeartbeat(
       this.sql.owned,
       [tag.classid, tag.objid, session.nonce],
@@ -143,8 +141,7 @@ class PgLocksImpl implements PgLocks, AcquireHost, WatchHost {
       return;
     }
     this.#idle.push({ session, since: performance.now() });
-    // One unreferenced sweeper closes sessions unused for IDLE_MS (cheaper
-    // on the hot path than a timer per release).
+    // One unreferenced sweeper, cheaper than a timer per release.
     this.#sweeper ??= setInterval(() => this.#sweep(), IDLE_MS / 2);
     this.#sweeper.unref();
   }
@@ -192,9 +189,8 @@ class PgLocksImpl implements PgLocks, AcquireHost, WatchHost {
   }
 
   /**
-   * The shared probe session, connected on first use and replaced once
-   * when it died (concurrent probes share the replacement, so none leaks
-   * past end()).
+   * The shared probe session, replaced when it died (concurrent probes
+   * share the replacement, so none leaks past end()).
    */
   async #probeSession(name: string, action: string): Promise<Session> {
     const current = this.#probe;
@@ -215,10 +211,8 @@ class PgLocksImpl implements PgLocks, AcquireHost, WatchHost {
   }
 
   /**
-   * A new probe session (the shared one, or a watch's own), checked not to
-   * be a hot standby's: its pg_locks shows none of the primary's locks
-   * (they are not replicated), so its probes would read every held lock
-   * stale. `signal` abandons the connection attempt.
+   * A new probe session, not a hot standby's (whose pg_locks lacks the
+   * primary's locks: every held lock would read stale).
    */
   async openProbe(
     name: string,
@@ -247,9 +241,8 @@ class PgLocksImpl implements PgLocks, AcquireHost, WatchHost {
   }
 
   /**
-   * A new probe session. A server (or role, or database) at its
-   * connection limit may be full of this object's own idle sessions, kept
-   * for the next acquire: close one and connect once more.
+   * A new probe session; at a connection limit (53300), closes one of our
+   * idle sessions and connects once more.
    */
   async #probeConnect(
     name: string,
@@ -291,9 +284,8 @@ class PgLocksImpl implements PgLocks, AcquireHost, WatchHost {
   }
 
   /**
-   * `read` on the probe session, or undefined where there is no table yet
-   * (see ifTable); once more on a new session when the probe session died
-   * while idle.
+   * `read` on the probe session (see ifTable), once more if that session
+   * died while idle.
    */
   async #probing<T>(
     name: string,
