@@ -729,7 +729,7 @@ if (!process.env.RUNLOCK_SKIP_BUN) {
         "test",
         "--allow-all",
         join(root, "tests", "file", "cross_runtime_test.ts"),
-        join(root, "tests", "postgres", "file/stress_test.ts"),
+        join(root, "tests", "postgres", "stress_test.ts"),
       ], {
         cwd: root,
         env: {
