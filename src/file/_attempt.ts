@@ -1,7 +1,6 @@
 /**
- * Protocol steps 1, 2 and 4 (see PROTOCOL.md): pin the directory, write the
- * whole record into a temp file under LOCK_EX, link it into place, and the
- * bounded attempt loop around them.
+ * Protocol steps 1, 2 and 4 (PROTOCOL.md, "Acquire") and the bounded attempt
+ * loop around them.
  *
  * @module
  */
@@ -12,6 +11,7 @@ import type { Dir, FileInfo, Handle } from "../platform/types.ts";
 import { mapError } from "./_error_map.ts";
 import {
   type Acquired,
+  dirOf,
   errnoOf,
   type HeldBy,
   type LockPath,
@@ -24,10 +24,7 @@ import { tempName } from "./_temp_name.ts";
 import { contend, contendReadOnly } from "./_contend.ts";
 import { sweepAfter } from "./_sweep.ts";
 
-/**
- * Step 1 refused by the system: the create's error, mapped, for the caller
- * to throw once it has looked whether the lock is held anyway.
- */
+/** Step 1 refused: the error to throw unless the lock is held anyway. */
 interface Refused {
   refused: Error;
 }
@@ -44,11 +41,8 @@ interface Temp {
 }
 
 /**
- * Step 1: a temp file, created new, locked LOCK_EX at once, holding the whole
- * record, with the lock's mode whatever the umask. `undefined` means a
- * sweeper got to it before our flock, or 64 random bits collided: try again.
- * `Refused`: this user may not create files there, or the filesystem is
- * read-only.
+ * Step 1: a new temp file under LOCK_EX holding the record, in the lock's
+ * mode. `undefined`: a sweeper got to it first, or the name collided.
  */
 function createTemp(
   target: Target,
@@ -66,8 +60,7 @@ function createTemp(
   }
   if (handle === "EEXIST") return undefined;
   if (handle === "ENOENT") {
-    // The directory was pinned, so it exists (or existed): it refuses
-    // new files. Say that, not "missing directory".
+    // The pinned directory exists (or existed): it refuses new files.
     throw new RunlockError(
       target.path,
       `${target.path}: cannot create the lock: ${target.dir} does not accept new files ` +
@@ -82,9 +75,8 @@ function createTemp(
       return undefined;
     }
     const id = handle.stat();
-    // The umask may have taken bits away (077 makes it 0600, which other
-    // users' probes could not read): set the mode we promise, where that is
-    // safe (see the Deno platform's chmod).
+    // The umask may have taken bits away (077: other users' probes could not
+    // read it); EUNSAFE: see the Deno platform's chmod.
     if (id.mode !== mode) {
       try {
         handle.chmod(mode);
@@ -96,26 +88,12 @@ function createTemp(
     handle.write(recordBytes(record, started));
     return { name, handle, started, id };
   } catch (err) {
-    discardTemp(target.pinned, {
-      name,
-      handle,
-      started: new Date(0),
-      id: EMPTY,
-    });
+    discardTemp(target.pinned, { name, handle });
     throw mapError(err, target.path, "cannot write the lock");
   }
 }
 
-const EMPTY: FileInfo = {
-  dev: 0,
-  ino: 0,
-  size: 0,
-  mode: 0,
-  uid: 0,
-  kind: "other",
-};
-
-function discardTemp(dir: Dir, temp: Temp): void {
+function discardTemp(dir: Dir, temp: Pick<Temp, "name" | "handle">): void {
   try {
     dir.unlink(temp.name); // we hold LOCK_EX on it, so no sweeper can race us
   } catch {
@@ -128,14 +106,10 @@ function backoffMs(attempt: number): number {
   return Math.min(0.05 * 2 ** attempt, 8) * (0.5 + Math.random() / 2);
 }
 
-/**
- * The nearest ancestor of `dir` that exists: where a mkdir -p needed to
- * write (the directory a refusal is about), or undefined if none is found.
- */
+/** The nearest existing ancestor of `dir`: what a mkdir -p refusal is about. */
 function existingAncestor(dir: string): string | undefined {
   for (let d = dir; d !== "" && d !== ".";) {
-    const slash = d.lastIndexOf("/");
-    const up = slash <= 0 ? (slash === 0 ? "/" : ".") : d.slice(0, slash);
+    const up = dirOf(d);
     try {
       p.openDir(up).close();
       return up;
@@ -147,11 +121,7 @@ function existingAncestor(dir: string): string | undefined {
   return undefined;
 }
 
-/**
- * Resolves the lock's directory once and pins it, creating it (and its
- * parents) if it is missing. Every later call of the acquire, and of the
- * lock it returns, goes through the pinned directory.
- */
+/** Pins the lock's directory, creating it (and its parents) if missing. */
 export function pin(lp: LockPath): Target {
   let pinned: Dir;
   try {
@@ -160,7 +130,6 @@ export function pin(lp: LockPath): Target {
     if (errnoOf(err) !== "ENOENT") {
       throw mapError(err, lp.path, "cannot open the lock's directory");
     }
-    // The directory is missing: create it, once, off the hot path.
     try {
       p.mkdirp(lp.dir);
       pinned = p.openDir(lp.dir);
@@ -177,16 +146,11 @@ export function pin(lp: LockPath): Target {
 }
 
 /**
- * Where a file just linked in the pinned directory is: `false` when the
- * lock's directory path no longer names the pinned directory (moved away,
- * or another mounted over it, maybe while we waited), else the pinned
- * directory's canonical path, read before that check and verified after it
- * (`""` where it cannot be told: pinned by path, no /proc, or a name that
- * does not lead there). That name, unlike the path as given, no chdir or
- * re-pointed symlink changes: the lock remembers it, and finds its file
- * gone from it if the directory is moved away later. `<dir>/.` resolves a
- * final symlink too. A directory that cannot be looked up (removed, or no
- * longer searchable) counts as moved.
+ * Where a file just linked is: `false` when the lock's directory path no
+ * longer names the pinned directory (moved, mounted over, removed or no
+ * longer searchable), else the pinned directory's canonical path, verified
+ * (`""` where it cannot be told). The lock remembers that path, which no
+ * chdir or re-pointed symlink changes. `<dir>/.` resolves a final symlink.
  */
 function placed(target: Target): string | false {
   const pinned = target.pinned;
@@ -212,9 +176,8 @@ function placed(target: Target): string | false {
 }
 
 /**
- * One bounded attempt loop (protocol steps 1 to 4). Yields how long to sleep
- * between attempts, so that the same loop serves sync and async callers.
- * Returns the lock, or who holds it; throws typed errors.
+ * One bounded attempt loop (steps 1 to 4): yields each sleep, for sync and
+ * async callers. Returns the lock, or who holds it.
  */
 export function* attemptLoop(
   target: Target,
@@ -230,8 +193,7 @@ export function* attemptLoop(
         const made = createTemp(target, mode, record);
         if (made === undefined) continue;
         if ("refused" in made) {
-          // Refused: a lock a live run holds is held all the same, and the
-          // refusal only matters once it is free (PROTOCOL.md, step 1).
+          // A held lock is held all the same (PROTOCOL.md, step 1).
           const verdict = contendReadOnly(target);
           if (verdict === undefined) throw made.refused;
           if (verdict.kind === "retry") continue;
@@ -271,10 +233,8 @@ export function* attemptLoop(
       }
       const dir = placed(target);
       if (dir === false) {
-        // The directory was moved (or another mounted over it) since it was
-        // pinned, maybe while we waited: the lock we just linked is not at
-        // the path we were given, where another run may hold its own. Undo
-        // it, pin the directory the path names now, and try there.
+        // The directory moved since it was pinned: our lock is not at the
+        // path, where another run may hold its own. Undo it and pin again.
         if (sameFile(target.pinned.lstat(target.name), temp.id)) {
           target.pinned.unlink(target.name);
         }
@@ -290,8 +250,7 @@ export function* attemptLoop(
       try {
         target.pinned.unlink(name);
       } catch {
-        // Left behind, it is a second name of our locked inode; the sweep
-        // removes it once we are gone.
+        // A second name of our inode: the sweep removes it once we are gone.
       }
       sweepAfter(target, tookOver);
       return { handle, id, started, dir };

@@ -13,7 +13,7 @@ import {
 } from "../errors.ts";
 import { platform as p } from "../platform/current.ts";
 import { type FileInfo, SysError } from "../platform/types.ts";
-import { errnoOf, type LockPath } from "./_protocol.ts";
+import { dirOf, errnoOf, type LockPath } from "./_protocol.ts";
 
 const LINK_UNSUPPORTED = new Set(["EPERM", "ENOTSUP", "EOPNOTSUPP", "ENOSYS"]);
 const LOCK_UNSUPPORTED = new Set([
@@ -31,11 +31,8 @@ const PROBE_ACTIONS = new Set([
 ]);
 
 /**
- * What Deno's refusal `err` (NOTCAPABLE) of an operation on `dir` asks to
- * grant: `real`, the directory it wants (the real one, where `dir` goes
- * through a symlink), and `read`, the paths `--allow-read` must name.
- * Resolving the symlink needs read access to it as well, so both are named
- * (granting the real one alone would only move the refusal there).
+ * What Deno's NOTCAPABLE `err` on `dir` asks to grant: `real`, the resolved
+ * directory, and `read`, which names `dir` too (resolving a symlink needs it).
  */
 export function grants(
   err: SysError,
@@ -46,9 +43,8 @@ export function grants(
 }
 
 /**
- * Maps a failed system call to one of runlock's typed errors. `where`: the
- * directory the call needed, when it is not the path's own (a missing
- * parent's first existing ancestor, for mkdir).
+ * Maps a failed system call to a typed error. `where`: the directory the call
+ * needed, when not the path's own.
  */
 export function mapError(
   err: unknown,
@@ -57,32 +53,19 @@ export function mapError(
   where?: string,
 ): Error {
   if (err instanceof RunlockError) return err;
-  if (!(err instanceof SysError)) {
-    return new RunlockError(path, `${path}: ${action}: ${err}`, {
-      cause: err,
-    });
-  }
-  const slash = path.lastIndexOf("/");
-  const dir = where ??
-    (slash < 0 ? "." : slash === 0 ? "/" : path.slice(0, slash));
+  const failed = (what: unknown) =>
+    new RunlockError(path, `${path}: ${action}: ${what}`, { cause: err });
+  const denied = (hint: string) =>
+    new LockPermissionError(path, action, hint, { cause: err });
+  if (!(err instanceof SysError)) return failed(err);
+  const dir = where ?? dirOf(path);
   const { code, syscall } = err;
   if (code === "NOTCAPABLE") {
-    // Probes need read access only.
     const { read, real } = grants(err, dir);
     const grant = PROBE_ACTIONS.has(action)
       ? `--allow-read=${read}`
       : `--allow-read=${read} --allow-write=${real}`;
-    return new LockPermissionError(
-      path,
-      action,
-      `run Deno with ${grant} (runlock never prompts)`,
-      { cause: err },
-    );
-  }
-  if (code === "ENOFFI") {
-    return new RunlockError(path, `${path}: ${action}: ${err.message}`, {
-      cause: err,
-    });
+    return denied(`run Deno with ${grant} (runlock never prompts)`);
   }
   if (syscall === "link" && LINK_UNSUPPORTED.has(code)) {
     return new UnsupportedFilesystemError(path, "hard links", { cause: err });
@@ -91,52 +74,27 @@ export function mapError(
     return new UnsupportedFilesystemError(path, "flock", { cause: err });
   }
   if (code === "EACCES" || code === "EPERM") {
-    return new LockPermissionError(
-      path,
-      action,
-      `this user needs read and write access to ${dir}`,
-      { cause: err },
-    );
+    return denied(`this user needs read and write access to ${dir}`);
   }
-  if (code === "EROFS") {
-    return new LockPermissionError(
-      path,
-      action,
-      `${dir} is on a read-only filesystem`,
-      { cause: err },
-    );
-  }
+  if (code === "EROFS") return denied(`${dir} is on a read-only filesystem`);
   if (code === "ENOTDIR") {
-    return new RunlockError(
-      path,
-      `${path}: ${action}: a parent of the path is not a directory`,
-      { cause: err },
-    );
+    return failed("a parent of the path is not a directory");
   }
   if (code === "ENAMETOOLONG") {
-    return new RunlockError(
-      path,
-      `${path}: ${action}: the name or the path is longer than the filesystem allows`,
-      { cause: err },
+    return failed(
+      "the name or the path is longer than the filesystem allows",
     );
   }
-  return new RunlockError(path, `${path}: ${action}: ${err.message}`, {
-    cause: err,
-  });
+  return failed(err.message);
 }
 
-/**
- * The error for a lock file this user may not open for reading: the file
- * itself is unreadable (its mode), or the directory is. Says which.
- */
+/** The error for a lock file this user may not open: its mode, or its directory's. */
 export function unreadable(err: SysError, lp: LockPath, file: string): Error {
   let info: FileInfo | null = null;
   try {
     info = p.lstat(file);
   } catch (lstatErr) {
     if (errnoOf(lstatErr) === "EACCES") {
-      // The directory itself is not searchable: a probe needs to enter it
-      // (and read the file), never to write there.
       return new LockPermissionError(
         lp.path,
         "cannot read the lock file",
@@ -182,10 +140,7 @@ export function invalidOpen(err: SysError, lp: LockPath, file: string): Error {
   );
 }
 
-/**
- * The error for a directory that `verb` (`scan`, `watch`) cannot list or
- * watch.
- */
+/** The error for a directory that `verb` cannot list or watch. */
 export function dirError(
   err: unknown,
   dir: string,

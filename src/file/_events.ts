@@ -1,16 +1,9 @@
 /**
- * One directory watch per directory per process, shared by every held lock
- * (its loss watching) and every waiter in it: a registry keyed by the
- * directory's identity (device and inode, so two pins of one directory
- * share it, whatever path named it), refcounted, dispatching each event by
- * name to the listeners of that name only, and closed when the last
- * listener goes. 5,000 locks in one directory are one watcher, and an
- * event costs as many calls as there are listeners of its name.
- *
- * Where a watch that leaves the process free to exit cannot be made (Deno:
- * every watcher keeps the process alive), listeners that asked for one
- * (held locks) get events only while a listener that may keep the process
- * alive (a waiter, which keeps it alive anyway) has the watch open.
+ * One watch per directory (or file) per process, keyed by its identity,
+ * refcounted, dispatching each event by name to that name's listeners:
+ * 5,000 locks in one directory are one watcher. Where a watch cannot leave
+ * the process free to exit (Deno), held locks get events only while a
+ * waiter, which keeps it alive anyway, has the watch open.
  *
  * @module
  */
@@ -30,10 +23,7 @@ export class Listener {
     readonly name: string,
     readonly onEvent: OnEvent,
     readonly keepAlive: boolean,
-    /**
-     * The watched path, through the pinned directory: valid while this
-     * listener's lock keeps the directory pinned.
-     */
+    /** The watched path, through the pinned directory (valid while pinned). */
     readonly path: string,
     /** The watched file's or directory's identity (`dev:ino`). */
     readonly key: string,
@@ -99,16 +89,13 @@ class Entry {
   }
 
   /**
-   * Opens the watch if none is open, through `prefix`: the path of a live
-   * listener's pinned directory (a descriptor's `/proc/self/fd/N` names the
-   * directory only while that descriptor is open; the watch, once made,
-   * follows the directory itself).
+   * Opens the watch if none is open, through a live listener's `prefix` (a
+   * `/proc/self/fd/N` names the directory only while that descriptor is open).
    */
   open(prefix: string): void {
     if (this.close !== undefined) return;
     const dispatch = (name: string, moved: boolean) => {
-      // "": the watch lost events, and any file may have changed: each
-      // listener looks again (not moved: a held lock's name may be intact).
+      // "": the watch lost events: every listener looks again (not moved).
       const sets = name === "" ? [...this.byName.values()] : [
         this.byName.get(name),
       ];
@@ -144,12 +131,9 @@ class Entry {
 const entries = new Map<string, Entry>();
 
 /**
- * Calls `onEvent` whenever the watch of directory `dir` reports an event
- * on `name`, until the returned listener is stopped. `keepAlive`: the
- * caller keeps the process alive anyway (a waiter), so a watch that does
- * too may serve it. Returns `undefined` when the directory's identity
- * cannot be read (the caller polls, as it does for a runtime that cannot
- * watch: no event is a promise).
+ * Calls `onEvent` on each event of `dir`'s watch on `name`, until stopped.
+ * `keepAlive`: a watch that keeps the process alive may serve the caller.
+ * `undefined` when the directory's identity cannot be read (the caller polls).
  */
 export function listen(
   dir: Dir,
@@ -168,15 +152,10 @@ export function listen(
 }
 
 /**
- * Calls `onEvent` whenever the watch of the file `name` of `dir` (its
- * inode, as it is now) reports an event: its unlink (the link count
- * changes), its rename, its last close, and, where the runtime reports it
- * (Deno), the close of a descriptor open for writing (a holder's, when it
- * dies). One watch per file per process, shared by every waiter of it.
- * A waiter watches the file, not the directory: the directory's events
- * include every other waiter's attempts (their temp files), each a wake-up
- * of every waiting process. `"ENOENT"`: there is no file at `name` now.
- * Returns `undefined` when it cannot watch (the caller polls).
+ * Calls `onEvent` on each event of the file `name` (its inode now): unlink,
+ * rename, last close and (Deno) a writer's close. A waiter watches the file,
+ * not the directory, whose events include every waiter's temp files.
+ * `"ENOENT"`: no file there; `undefined`: cannot watch (the caller polls).
  */
 export function listenFile(
   dir: Dir,
@@ -229,11 +208,4 @@ function join(
   const listener = new Listener(name, onEvent, keepAlive, path, key);
   entry.add(listener);
   return listener;
-}
-
-/** How many directory watches this process has open (for tests). */
-export function openWatches(): number {
-  let open = 0;
-  for (const entry of entries.values()) if (entry.close !== undefined) open++;
-  return open;
 }

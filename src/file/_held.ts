@@ -1,7 +1,6 @@
 /**
- * The held lock: release, and loss found while held (see "Release" and
- * "Loss while held" in PROTOCOL.md) by a watch of the lock's directory, a
- * marker that dates the watch's events, and a periodic check.
+ * The held lock: release, and loss found while held (PROTOCOL.md, "Release"
+ * and "Loss while held").
  *
  * @module
  */
@@ -46,10 +45,7 @@ function findBytes(bytes: Uint8Array, needle: Uint8Array): number {
   return -1;
 }
 
-/**
- * A held lock, made by `acquire` once its file is linked and flocked; it
- * keeps the pinned directory open until release.
- */
+/** A held lock; it keeps the pinned directory open until release. */
 export class RunLock implements Lock {
   readonly path: string;
   readonly pid: number = p.pid;
@@ -73,20 +69,13 @@ export class RunLock implements Lock {
   /** Until the watch reports it, events are of what came before (`#mark`). */
   #marker: Listener | undefined;
 
-  /**
-   * The descriptor that holds the flock, while held: `runlock run` hands it
-   * to its command (src/file/_inherit.ts). Not part of the public API.
-   */
+  /** The descriptor that holds the flock, for `runlock run` (`_inherit.ts`). */
   [DESCRIPTOR](): Descriptor | undefined {
     if (this.#handle === undefined) return undefined;
     return { fd: this.#handle.fd(), dev: this.#id.dev, ino: this.#id.ino };
   }
 
-  /**
-   * Names the command `runlock run` handed the lock to in the record's
-   * reserved `child=` line: ten digits written in place, in one write (see
-   * `CHILD_LINE`). Not part of the public API.
-   */
+  /** Writes `pid` into the record's reserved `child=` line (`CHILD_LINE`). */
   [NAME_CHILD](pid: number): boolean {
     const handle = this.#handle;
     if (
@@ -123,21 +112,19 @@ export class RunLock implements Lock {
     this.#handle = acquired.handle;
     this.#id = acquired.id;
     heldHere.set(acquired.id, acquired.started);
-    // Where the file was linked, by a path no chdir or re-pointed symlink
-    // changes: release() finds a directory moved away before any check.
+    // A path no chdir or re-pointed symlink changes: release() finds a
+    // directory moved away before any check.
     if (acquired.dir) this.#named = within(acquired.dir, target.name);
     if (checkInterval === 0) return; // only release() finds a loss
-    // The first tick, which starts the watch, comes once the event loop
-    // turns: a lock taken and released in one synchronous stretch (a CLI, a
-    // tight loop) pays for no watch and no timer.
+    // The first tick starts the watch once the event loop turns: a lock
+    // taken and released synchronously pays for no watch and no timer.
     this.#tick = every(checkInterval, () => this.#onTick());
   }
 
   /**
-   * Where the directory is pinned by a descriptor, its path can move away
-   * from the lock: remembers, once, where the file is now, only by a path
-   * that names the pinned directory itself (one read after a symlink on the
-   * way was re-pointed, or a chdir, would report a false loss).
+   * Remembers, once, where the file is now, by a path that names the pinned
+   * directory itself (one read after a re-pointed symlink or a chdir would
+   * report a false loss).
    */
   #nameIt(): void {
     const pinned = this.#target.pinned;
@@ -166,9 +153,8 @@ export class RunLock implements Lock {
       const target = this.#target;
       this.#nameIt();
       this.#listener = listen(target.pinned, target.name, (moved) => {
-        // Nobody else creates, removes or renames our name while we hold
-        // it: after the marker, such an event is a loss even if the file is
-        // back by the time we look.
+        // After the marker, an event on our name is a loss even if the file
+        // is back by the time we look.
         if (moved && this.#marker === undefined) this.#moved = true;
         this.#check();
       }, false);
@@ -197,9 +183,8 @@ export class RunLock implements Lock {
   }
 
   /**
-   * Makes and removes a marker file beside the lock (a temp name: litter for
-   * the sweep if we die in between). A watch reports events in order, so
-   * once the marker's comes, every later event on our name is news.
+   * Makes and removes a temp-named marker beside the lock: a watch reports
+   * events in order, so every event on our name after the marker's is news.
    */
   #mark(): void {
     const pinned = this.#target.pinned;
@@ -231,8 +216,7 @@ export class RunLock implements Lock {
 
   /** What happened to our file, or undefined while it is ours. */
   #loss(): LockLostError | undefined {
-    // The name before the pinned directory: a file replaced between the two
-    // reads then shows as replaced, not as a directory moved away.
+    // The name first: a file replaced between the reads shows as replaced.
     const named = this.#readNamed();
     const now = this.#target.pinned.lstat(this.#target.name);
     if (sameFile(now, this.#id)) {
@@ -250,8 +234,8 @@ export class RunLock implements Lock {
       return new LockLostError(this.path, this.pid, "was deleted");
     }
     let holder: { pid: number; host: string } | undefined;
-    // Who holds it now is a courtesy, not worth a probe that could block
-    // (a FIFO swapped in, where open has no O_NONBLOCK): the loss is the news.
+    // Who holds it now is a courtesy, not worth a probe that could block (a
+    // FIFO swapped in, where open has no O_NONBLOCK).
     if (!p.openMayBlock) {
       try {
         const found = probe(this.#target, this.#target.pinned);
@@ -271,9 +255,8 @@ export class RunLock implements Lock {
   }
 
   /**
-   * Looks for a loss, and reports one found (to the signal; the lock stops
-   * looking). Whether the file is still ours: false, too, after a failed
-   * `lstat`, which proves nothing (the next check looks again).
+   * Reports a loss to the signal. Whether the file is still ours: false also
+   * after a failed `lstat`, which proves nothing (the next check looks again).
    */
   #check(): boolean {
     if (this.#handle === undefined || this.#reason !== undefined) return false;
@@ -303,10 +286,7 @@ export class RunLock implements Lock {
     return this.#check();
   }
 
-  /**
-   * The path where the file was found, read; undefined where there is none
-   * or the read failed, which proves nothing (the pinned directory decides).
-   */
+  /** `lstat` of `#named`; undefined when none or failed (proves nothing). */
   #readNamed(): FileInfo | null | undefined {
     if (!this.#named) return undefined;
     try {
@@ -325,16 +305,14 @@ export class RunLock implements Lock {
     const target = this.#target;
     let lost: string | undefined;
     try {
-      // Unlink first, unlock second (PROTOCOL.md, "Release"), both through
-      // the pinned directory.
+      // Unlink first, unlock second (PROTOCOL.md, "Release").
       const now = target.pinned.lstat(target.name);
       if (now === null) {
         lost = "was deleted";
       } else if (!sameFile(now, this.#id)) {
         lost = "was replaced by another file";
       } else {
-        // Ours, but no longer at the path where it was linked: its
-        // directory moved away, maybe with another run's in its place.
+        // Ours, but its directory moved away from where it was linked.
         const named = this.#readNamed();
         const away = named !== undefined && !sameFile(named, this.#id);
         if (target.pinned.unlink(target.name) === "ENOENT") {
@@ -355,14 +333,12 @@ export class RunLock implements Lock {
     handle.close();
     target.pinned.close();
     if (lost !== undefined) {
-      // A loss no check had reported yet happened while held: the signal
-      // reports it too.
+      // A loss no check had reported: the signal reports it too.
       const error = new LockLostError(this.path, this.pid, lost);
       this.#lose(error);
       throw error;
     }
-    // Our own file, removed, after a loss that left it in place: exclusion
-    // was broken all the same.
+    // A loss that left our file in place still broke exclusion.
     if (this.#reason !== undefined) throw this.#reason;
   }
 

@@ -1,8 +1,6 @@
 /**
- * The directory walk `scan()` and `watch()` share: each directory's
- * entries that may be locks (with what is left out reported to the
- * caller), the subdirectories to go down into, and the second looks at
- * a file seen in the middle of a takeover.
+ * The directory walk `scan()` and `watch()` share, and their second looks
+ * at a file seen in the middle of a takeover.
  *
  * @module
  */
@@ -46,22 +44,18 @@ export interface Entry {
 }
 
 /**
- * The files and directories of `dir` from its listing `entries`, less the
- * temp-named files and the names a string cannot hold, each reported to
- * `skip` (when given) except an empty temp file (a watch's marker, an
- * acquire before its write: never a lock).
+ * The files and directories of `dir`'s listing `entries`, less temp names
+ * and names that are not UTF-8, each reported to `skip` but an empty temp
+ * file (a marker, or an acquire before its write).
  */
 export function lockEntries(
   dir: string,
   entries: { name: string; kind: string }[],
   skip: ((skipped: Skipped) => void) | undefined,
 ): Entry[] {
-  // A name that is not UTF-8 arrives decoded with U+FFFD in place of its
-  // bad bytes (Deno and Node alike): it names another file or none, and
-  // two such names can arrive as one string, the same as a real name's
-  // (a lock listed twice, and the other one never). Each name
-  // in a listing is unique, so of n copies of a string at most one is
-  // real: the one lstat finds, if any.
+  // A name that is not UTF-8 arrives with U+FFFD for its bad bytes (Deno
+  // and Node): several can arrive as one string, a real name's among them.
+  // Of n copies at most one is real: the one lstat finds.
   let copies: Map<string, number> | undefined;
   for (const { name } of entries) {
     if (!name.includes("\uFFFD")) continue;
@@ -75,8 +69,7 @@ export function lockEntries(
     if (n !== undefined) {
       if (n === 0) continue; // Its copies were dealt with at the first.
       copies!.set(name, 0);
-      // This can be racy: a real name removed since the listing reads as
-      // a bad one here, and is reported as skipped once.
+      // Racy: a real name removed since the listing is reported once.
       const real = lstatOf(within(dir, name));
       for (let bad = real === null ? n : n - 1; bad > 0; bad--) {
         skip?.({ path: within(dir, name), reason: "not UTF-8" });
@@ -99,27 +92,14 @@ export function lockEntries(
   return out;
 }
 
-/** Throws the `TypeError` of a `dir` that is not a non-empty string without NUL. */
-export function checkDir(dir: unknown, action: string): void {
-  if (typeof dir !== "string" || dir === "" || dir.includes("\0")) {
-    throw new TypeError(
-      `Cannot ${action} as 'dir' must be a non-empty string without NUL: current value is ${
-        typeof dir === "string" ? JSON.stringify(dir) : String(dir)
-      }`,
-    );
-  }
-}
-
 /** An entry of a {@linkcode walk}, with its directory and path. */
 export type Walked<D> = Entry & { dir: D; path: string };
 
 /**
- * Every entry under `top` that may be a lock (see {@linkcode lockEntries}:
- * never a symlink), with its directory and path: a directory's entries in
- * its listing's order, then the subdirectories `down` gave (called where
- * each is listed; `undefined`: not walked), the last one first. A
- * subdirectory that cannot be listed is left out; for the top one,
- * `topError(err)` is thrown (`undefined`: nothing is walked).
+ * Every entry under `top` that may be a lock (see {@linkcode lockEntries}),
+ * going down into the subdirectories `down` gives. A subdirectory that
+ * cannot be listed is left out; for `top`, `topError(err)` is thrown
+ * (`undefined`: nothing is walked).
  */
 export function* walk<D extends { readonly path: string }>(
   top: D,
@@ -133,8 +113,7 @@ export function* walk<D extends { readonly path: string }>(
     try {
       entries = p.readDirKinds(dir.path);
     } catch (err) {
-      // A subdirectory gone, turned into a file, or closed to this user
-      // since its parent was listed: skip it, and walk the rest.
+      // A subdirectory gone or closed since its parent was listed.
       if (dir !== top) continue;
       const error = topError(err);
       if (error === undefined) return;
@@ -152,9 +131,8 @@ export function* walk<D extends { readonly path: string }>(
 }
 
 /**
- * A file seen in the middle of a takeover, looked at again as inspect()
- * does: while `racing(seen)`, `wait` each of {@linkcode RACING_SLEEPS}
- * (`false`: stop) and `look()` again. `first`: the look already made.
+ * Looks again, as inspect() does, while `racing(seen)`: `wait` each of
+ * {@linkcode RACING_SLEEPS} (`false`: stop). `first`: the look already made.
  */
 export async function lookAgain<T>(
   look: () => T,

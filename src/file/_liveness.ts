@@ -1,7 +1,6 @@
 /**
- * Liveness: whether a recorded PID lives (as a second opinion to the
- * flock), whether it means the same process here, whether a dead
- * `runlock run`'s command holds on, and the inodes this process holds.
+ * Liveness: whether a recorded PID lives or means a process here, whether a
+ * dead `runlock run`'s command holds on, and the inodes this process holds.
  *
  * @module
  */
@@ -16,10 +15,8 @@ import {
 import { MAX_PID, MAX_RECORD_BYTES, type Record } from "./record.ts";
 
 /**
- * `kill(pid, 0)` as a second opinion. Never with 0 or a negative number:
- * `kill(0, 0)` probes our own process group and `kill(-1, 0)` every
- * process, so both always say "alive". (The record's readers already read
- * anything else as no PID; this is the one gate every caller passes.)
+ * `kill(pid, 0)` as a second opinion. Never 0 or negative, which always say
+ * "alive" (our process group, every process): the gate every caller passes.
  */
 export function liveness(pid: number): Liveness {
   if (!Number.isInteger(pid) || pid < 1 || pid > MAX_PID) return "unknown";
@@ -30,10 +27,8 @@ export function liveness(pid: number): Liveness {
 const fdinfoDecoder = new TextDecoder();
 
 /**
- * The command a dead `runlock run` handed the lock to, when it holds the
- * lock on (PROTOCOL.md, "Handing the lock to a command"): the record's
- * `child=`, if that process holds the flock of the lock file, inode `ino`;
- * else 0.
+ * The record's `child=` when it holds the flock of inode `ino`, else 0
+ * (PROTOCOL.md, "Handing the lock to a command").
  */
 export function heir(record: Record, ino: number): number {
   return record.kind === "runlock" && childHolds(record.child, ino)
@@ -42,15 +37,9 @@ export function heir(record: Record, ino: number): number {
 }
 
 /**
- * Whether the command `runlock run` handed a lock to (the record's
- * `child=`) holds the flock of the lock file, inode `ino`: one of its
- * descriptors shows that inode's FLOCK WRITE lock in
- * `/proc/<child>/fdinfo`. Then a held flock under a dead runlock is that
- * command's, not a takeover in progress. A PID that lives but holds no
- * such lock (reused, or a command that closed fd 9 while what it started
- * keeps it) is not named. Where its descriptors may not be read (another
- * user's command, or Deno without --allow-all, which guards /proc), a
- * live command is taken at its record's word. False without /proc.
+ * Whether `child` shows inode `ino`'s FLOCK WRITE lock in its
+ * `/proc/<child>/fdinfo`. Where those may not be read (another user's, or
+ * Deno without --allow-all), a live child is taken at its record's word.
  */
 function childHolds(child: number, ino: number): boolean {
   if (liveness(child) !== "alive" || child === p.pid) return false;
@@ -90,10 +79,8 @@ function childHolds(child: number, ino: number): boolean {
 }
 
 /**
- * Whether a foreign pidfile (no runlock marker) names a run that may be
- * alive. Its PID being our own means nothing: this process cannot hold a
- * lock it has not taken (a container's service is PID 1 on every boot, and
- * so was the run that left the file).
+ * Whether a foreign pidfile's PID may be alive. Our own PID means nothing (a
+ * container's service is PID 1 on every boot, as was the run that left it).
  */
 export function foreignAlive(pid: number): boolean {
   if (pid === p.pid) return false;
@@ -108,10 +95,8 @@ interface HeldInode {
 }
 
 /**
- * Dates by inode (device and inode number), keyed by the inode number: a
- * number key, where a `dev:ino` string cost two number-to-string
- * conversions and a string hash per acquire and per release. Inodes of
- * the same number on other devices are chained.
+ * Dates by inode, keyed by the inode number (a `dev:ino` string cost two
+ * conversions and a hash per acquire); other devices' are chained.
  */
 export class HeldInodes {
   #byIno = new Map<number, HeldInode>();
@@ -152,26 +137,16 @@ export class HeldInodes {
   }
 }
 
-/**
- * The locks this process holds, by inode, with when each was taken. A
- * second acquire of one of them (through any path: the same, a relative
- * one, a symlinked directory, a hard link) fails at once with HeldError
- * instead of waiting on our own flock: locks are not reentrant.
- */
+/** The locks this process holds, by inode: a second acquire fails at once. */
 export const heldHere = new HeldInodes();
 
-/**
- * Whether a record's PID lives where it cannot mean a process of ours: it
- * names another host, boot or PID namespace than this process's (each only
- * when both sides know it). Such a PID cannot be checked with `kill` here.
- */
+/** Where a record's PID lives, if not here: `kill` cannot judge it. */
 export function elsewhere(
   record: { host: string; boot: string; pidns: string },
 ): "host" | "boot" | "namespace" | undefined {
   const { boot, pidns } = p.identity();
-  // The boot id and the PID namespace decide when both sides know them: the
-  // same kernel boot and namespace mean the same PID, whatever the host
-  // name says (a container has a name of its own). Else the host name.
+  // Boot id and namespace decide when both sides know them (a container has
+  // a host name of its own); else the host name.
   if (record.boot && boot && record.boot !== boot) return "boot";
   if (record.pidns && pidns && record.pidns !== pidns) return "namespace";
   if (record.boot && boot && record.pidns && pidns) return undefined;

@@ -1,6 +1,5 @@
 /**
- * The checks of `acquire`'s options, made before anything touches the
- * disk, and the record they make.
+ * The checks of `acquire`'s options, and the record they make.
  *
  * @module
  */
@@ -77,7 +76,7 @@ function check(options: AcquireSyncOptions | undefined): Checked {
     );
   }
   const meta = checkMeta(options?.meta);
-  // runlock run's own option (src/file/_inherit.ts): a `child=` line to fill in.
+  // `runlock run`'s option (`_inherit.ts`).
   const child =
     (options as { [CHILD_OPTION]?: unknown } | undefined)?.[CHILD_OPTION] ===
         true
@@ -90,8 +89,6 @@ function check(options: AcquireSyncOptions | undefined): Checked {
     const [longest, value] = Object.entries(meta).sort((a, b) =>
       bytes(b[1]) - bytes(a[1])
     )[0] ?? ["", ""];
-    // The budget is the whole record's: runlock's own lines (pid, host,
-    // start, and the child line of `runlock run`) count in it.
     const own = recordTemplate(identityHere() + child).bytes.length;
     const over = size - MAX_RECORD_BYTES;
     throw new RangeError(

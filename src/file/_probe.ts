@@ -14,32 +14,15 @@ import { errnoOf, type LockPath, type Probe } from "./_protocol.ts";
 import { headHasMarker, headPid } from "./_record_here.ts";
 
 /**
- * The read-only probe: never takes LOCK_EX, never writes, needs only read
- * access. LOCK_SH, not LOCK_EX, so two probers never see each other as a
- * holder. With `at` (a lock's pinned directory) it opens `lp.name` there;
- * otherwise the caller's path. `lp` names it in errors.
+ * The read-only probe, under LOCK_SH so that two probers never see each
+ * other as a holder. With `at` (a pinned directory) it opens `lp.name` there.
  */
 export function probe(
   lp: LockPath,
   at?: Dir,
   whole = true,
 ): Probe {
-  const result: Probe = {
-    state: "free",
-    pid: 0,
-    host: "",
-    started: undefined,
-    foreign: false,
-    reason: undefined,
-    marker: false,
-    runtime: "",
-    boot: "",
-    pidns: "",
-    meta: {},
-    child: 0,
-    racing: false,
-    far: false,
-  };
+  const result = freeProbe();
   let handle: Handle | "ENOENT";
   try {
     handle = at === undefined ? p.openExisting(lp.path) : at.open(lp.name);
@@ -64,21 +47,18 @@ export function probe(
   try {
     const locked = !handle.tryLock(false);
     if (locked && !whole) {
-      // held(): every record under a held flock is held; only the takeover
-      // rule needs the PID, which is on line 1 (before the marker on line 2).
+      // held(): only the takeover rule needs the record, from line 1's PID.
       const head = handle.readAll(32);
       result.state = "held";
       result.pid = headPid(head);
-      // No PID in a file that is not empty: garbage under the flock (see
-      // the next case).
+      // No PID in a file that is not empty: garbage under the flock.
       result.racing = result.pid === 0 && head.length > 0;
       if (
         result.pid > 0 && headHasMarker(head) &&
         liveness(result.pid) === "dead"
       ) {
-        // Rare: read the whole record to tell a takeover from a holder in
-        // another PID namespace, or from a command runlock run handed the
-        // lock to.
+        // Rare: the whole record tells a takeover from a holder elsewhere or
+        // a command runlock run handed the lock to.
         const record = parseRecord(handle.readAll(MAX_RECORD_BYTES + 1));
         result.far = record.kind === "runlock" &&
           elsewhere(record) !== undefined;
@@ -103,14 +83,11 @@ export function probe(
         result.meta = record.meta;
         result.child = record.child;
         result.state = locked ? "held" : "stale";
-        // A dead holder under a held flock: a takeover in progress, unless
-        // the command runlock run handed the lock to lives. A PID that lives
-        // elsewhere (another host, boot or PID namespace) cannot be asked:
-        // maybe a live holder, maybe a takeover; look again briefly.
+        // A dead holder under a held flock: a takeover, unless the command
+        // runlock run handed the lock to holds on. A PID from elsewhere
+        // cannot be asked: look again briefly.
         result.far = locked && elsewhere(record) !== undefined;
         if (locked && !result.far && liveness(record.pid) === "dead") {
-          // runlock is gone: its command is named only while it holds the
-          // lock; otherwise a takeover in progress, or a holder unknown.
           result.child = heir(record, handle.stat().ino);
           result.racing = result.child === 0;
         } else {
@@ -127,9 +104,7 @@ export function probe(
         return result;
       case "garbage":
         if (locked) {
-          // flock(1) or similar holds it, or a lock taken only to read the
-          // file lives on for a moment in a child forked meanwhile (until
-          // its exec): look again, as during a takeover.
+          // See `Probe.racing`.
           result.state = "held";
           result.racing = true;
         } else {
@@ -145,15 +120,32 @@ export function probe(
   }
 }
 
+/** What a probe of a path with no file finds. */
+export function freeProbe(): Probe {
+  return {
+    state: "free",
+    pid: 0,
+    host: "",
+    started: undefined,
+    foreign: false,
+    reason: undefined,
+    marker: false,
+    runtime: "",
+    boot: "",
+    pidns: "",
+    meta: {},
+    child: 0,
+    racing: false,
+    far: false,
+  };
+}
+
 /** Sleeps (ms) between looks while a probe sees a takeover in progress. */
 export const RACING_SLEEPS = [0, 1, 2, 4, 8, 16, 32, 64, 128];
 
 /**
- * A probe that looks again while it sees a takeover in progress (a dead PID
- * under a held flock), as acquire does, so that the dead PID is not
- * reported as a live holder. Yields sleeps; after the last look it answers
- * what it sees (a tool such as flock(1) may really hold a crashed run's
- * file). `first`: the first look, when the caller made it.
+ * A probe that looks again while `racing`, yielding each sleep; the last
+ * look is the answer (flock(1) may really hold a crashed run's file).
  */
 export function* probeSteps(
   lp: LockPath,
@@ -162,7 +154,7 @@ export function* probeSteps(
 ): Generator<number, Probe, void> {
   let found = first ?? probe(lp, undefined, whole);
   // A PID from elsewhere is most likely a live holder in a container: look
-  // again only as long as a takeover takes, not as long as flock(1) might.
+  // again only as long as a takeover takes.
   const sleeps = found.far ? FAR_SLEEPS : RACING_SLEEPS;
   for (const ms of sleeps) {
     if (!found.racing) return found;

@@ -1,13 +1,6 @@
 /**
- * What the steps of the runlock protocol (see PROTOCOL.md) share: lock
- * paths, what an attempt and a probe find, and a file's identity. The steps
- * live beside it: `acquire` and its steps (`lock.ts`, `_wait.ts`), the held
- * lock (`_held.ts`), the attempt loop (`_attempt.ts`), contention and takeover
- * (`_contend.ts`), the litter sweep (`_sweep.ts`), the read-only probe
- * (`_probe.ts`), liveness (`_liveness.ts`), the errors of failed system
- * calls (`_error_map.ts`), what this process writes (`_record_here.ts`)
- * and its temp files' names (`_temp_name.ts`). Everything goes through the
- * platform interface, never a runtime directly.
+ * What the steps of the protocol (PROTOCOL.md) share: lock paths, what an
+ * attempt and a probe find, and a file's identity.
  *
  * @module
  */
@@ -21,11 +14,7 @@ export const MAX_ATTEMPTS = 16;
 /** The lock file's mode unless the caller asks for another. */
 export const DEFAULT_MODE = 0o644;
 
-/**
- * A lock path, split once. `dir` and `name` are what the kernel sees: the
- * path's directory part (as given, resolved only when pinned) and its last
- * component.
- */
+/** A lock path, split once, as the kernel sees it. */
 export interface LockPath {
   /** The path as the caller gave it, for messages. */
   path: string;
@@ -36,9 +25,8 @@ export interface LockPath {
 }
 
 /**
- * The lock's directory, resolved once and pinned at acquire: every later
- * system call of that acquire and of the lock it returns names `file` (or a
- * temp file beside it), never the caller's path again.
+ * The lock's directory, pinned at acquire: every later call of that acquire
+ * and of its lock goes through it, never the caller's path again.
  */
 export interface Target extends LockPath {
   /** The pinned directory. */
@@ -62,21 +50,11 @@ export interface HeldBy {
   pid: number;
   host: string;
   started: Date | undefined;
-  /**
-   * The live command `runlock run` handed the lock to, when `pid` (that
-   * runlock) is gone; otherwise 0 or absent.
-   */
+  /** The live command `runlock run` handed the lock to, once `pid` died. */
   child?: number;
-  /**
-   * The identity of the file (`fileKey`'s form) when the attempt saw it
-   * held by a live runlock holder of this host, as a whole look would.
-   */
+  /** The file's `fileKey`, when a live runlock holder of this host holds it. */
   key?: string;
-  /**
-   * With `key`: the attempt's read-only descriptor of that file, open and
-   * unlocked, for the caller's first look (its flock), which the caller
-   * closes.
-   */
+  /** With `key`: the attempt's descriptor of it, for the caller to look at and close. */
   kept?: Handle;
 }
 
@@ -105,11 +83,9 @@ export interface Probe {
   /** With `racing`: the PID lives elsewhere, so `kill` could not judge it. */
   far: boolean;
   /**
-   * `held`, but by a PID that is provably dead: a peer in the microseconds
-   * of a takeover (or a tool such as flock(1) on a crashed run's file); or
-   * a garbage file under a flock, which may be a lock taken only to read it
-   * that lives on in a child forked meanwhile, until its exec (or flock(1)
-   * holding a file it wrote). Callers look again before answering.
+   * `held` by a dead PID (a takeover under way, or flock(1) on a crashed
+   * run's file) or garbage under a flock (a reader's flock inherited by a
+   * child forked meanwhile, until its exec). Callers look again.
    */
   racing: boolean;
 }
@@ -118,20 +94,10 @@ export function errnoOf(err: unknown): string | undefined {
   return err instanceof SysError ? err.code : undefined;
 }
 
-/**
- * Splits and checks a lock path: one rule for every entry point, before
- * anything touches the disk. The last component must name a file.
- */
+/** Splits and checks a lock path, before anything touches the disk. */
 export function lockPath(path: unknown, action: string): LockPath {
-  if (typeof path !== "string" || path === "" || path.includes("\0")) {
-    throw new TypeError(
-      `Cannot ${action} as 'path' must be a non-empty string without NUL: current value is ${
-        typeof path === "string" ? JSON.stringify(path) : String(path)
-      }`,
-    );
-  }
-  const slash = path.lastIndexOf("/");
-  const name = path.slice(slash + 1);
+  checkPath(path, "path", action);
+  const name = path.slice(path.lastIndexOf("/") + 1);
   if (name === "" || name === "." || name === "..") {
     throw new TypeError(
       `Cannot ${action} as 'path' must name a file, not a directory: current value is ${
@@ -139,8 +105,28 @@ export function lockPath(path: unknown, action: string): LockPath {
       }`,
     );
   }
-  const dir = slash < 0 ? "." : slash === 0 ? "/" : path.slice(0, slash);
-  return { path, dir, name };
+  return { path, dir: dirOf(path), name };
+}
+
+/** Throws the `TypeError` of a `what` that is not a non-empty string without NUL. */
+export function checkPath(
+  value: unknown,
+  what: "path" | "dir",
+  action: string,
+): asserts value is string {
+  if (typeof value !== "string" || value === "" || value.includes("\0")) {
+    throw new TypeError(
+      `Cannot ${action} as '${what}' must be a non-empty string without NUL: current value is ${
+        typeof value === "string" ? JSON.stringify(value) : String(value)
+      }`,
+    );
+  }
+}
+
+/** The directory part of `path`: `"."` for a bare name. */
+export function dirOf(path: string): string {
+  const slash = path.lastIndexOf("/");
+  return slash < 0 ? "." : slash === 0 ? "/" : path.slice(0, slash);
 }
 
 /** `dir + "/" + name` without doubling the slash after "/". */

@@ -1,8 +1,7 @@
 /**
- * What this process writes: the record, encoded once per distinct `meta`
- * with the start time written in place at each acquire (see "The record"
- * in PROTOCOL.md), and the byte-level reads of a record's first lines (its
- * PID, its marker) that the probe makes without decoding.
+ * What this process writes: the record, encoded once per distinct `meta`,
+ * the start time written in place; and the probe's byte-level reads of a
+ * record's first lines.
  *
  * @module
  */
@@ -14,10 +13,8 @@ const encoder = new TextEncoder();
 const MARKER_BYTES = encoder.encode(MARKER_WORD);
 
 /**
- * The PID on line 1 of `head` (up to its first newline, or all of it), by
- * the protocol's rule: decimal, no sign, no leading zero, 1 to 2147483647;
- * 0 for anything else, a trailing CR or a leading BOM included (which
- * `parseRecord` drops). Reads the bytes, without decoding them.
+ * The PID on line 1 of `head`, as `parseRecord` reads it, else 0 (a trailing
+ * CR or a BOM too, which `parseRecord` drops).
  */
 export function headPid(head: Uint8Array): number {
   let end = head.indexOf(10);
@@ -32,11 +29,7 @@ export function headPid(head: Uint8Array): number {
   return pid <= MAX_PID ? pid : 0;
 }
 
-/**
- * Whether the first bytes of a file hold the runlock marker on line 2:
- * `runlock <version>` (1 to 9 digits, no leading zero), maybe a `\r`, then
- * the line's newline. Reads the bytes, without decoding them.
- */
+/** Whether line 2 of `head` is the marker, as `parseRecord` reads it. */
 export function headHasMarker(head: Uint8Array): boolean {
   const first = head.indexOf(10);
   if (first < 0) return false;
@@ -52,10 +45,8 @@ export function headHasMarker(head: Uint8Array): boolean {
   return head[i] === 10;
 }
 
-// The record's first lines are the same for every lock of this process,
-// and so are the identity lines that follow runtime=.
 let head: string | undefined;
-export function recordHeadHere(): string {
+function recordHeadHere(): string {
   return head ??= recordHead(p.pid, p.hostname());
 }
 let identityLines: string | undefined;
@@ -70,11 +61,8 @@ export function identityHere(): string {
 }
 
 /**
- * The record this process writes with `extra`, encoded once: only the
- * start time differs from one lock to the next, and it has a fixed width
- * (`toISOString()` of years 0 to 9999: 24 ASCII bytes), so each acquire
- * writes its time into the bytes in place instead of formatting and
- * encoding the whole record again.
+ * The record this process writes with `extra`, encoded once: each acquire
+ * writes its start time (24 bytes for years 0 to 9999) in place.
  */
 export interface RecordTemplate {
   /** The record, with the start time of the last {@linkcode recordBytes}. */
@@ -105,16 +93,11 @@ export function recordTemplate(extra: string): RecordTemplate {
   return template;
 }
 
-// The start time's first 20 bytes (up to the seconds and the dot) change
-// once a second: kept, with the second they are for.
+// The start time's first 20 bytes, kept for the second they are for.
 let isoSecond = NaN;
 const isoHead = new Uint8Array(ISO_LENGTH - 4);
 
-/**
- * The whole record with `started` in it: the template's bytes, valid until
- * the next call (the caller writes them at once). Years outside 0 to 9999
- * (a wider `toISOString()`) are formatted in full.
- */
+/** The record with `started` in it: valid until the next call. */
 export function recordBytes(
   template: RecordTemplate,
   started: Date,

@@ -1,14 +1,7 @@
 /**
- * The litter sweep (see PROTOCOL.md, "Litter"): temp files left by
- * acquirers that died before they linked or removed them.
- *
- * The sweep never makes an acquire's cost grow with the size of its
- * directory or with how many locks the process holds. A small directory
- * (one block of entries) is listed on the acquire: a bounded
- * cost. A larger one is never listed on the acquire: the acquire notes the
- * lock's name, and a pass on an unreferenced timer lists the directory
- * later, in a process that lives that long, and checks the names' temp
- * files a few per event-loop turn.
+ * The litter sweep (PROTOCOL.md, "Litter"). A small directory is listed on
+ * the acquire; a larger one later, by a pass on an unreferenced timer that
+ * checks a few temp files per turn, so an acquire's cost stays bounded.
  *
  * @module
  */
@@ -20,11 +13,8 @@ import { sameFile, type Target } from "./_protocol.ts";
 import { stemOfTemp, tempStem } from "./_temp_name.ts";
 
 /**
- * A directory whose `st_size` is at most this is listed on the acquire:
- * one ext4 block of entries (about 100 to 200 names; tmpfs and btrfs count
- * names and their bytes, to the same order). Listing a directory costs
- * about its size (ext4 reads every block, even emptied ones), so the
- * acquire's cost stays bounded whatever the directory holds.
+ * The `st_size` listed on the acquire: one ext4 block (100 to 200 names).
+ * A listing costs about the size (ext4 reads every block, even emptied ones).
  */
 const SMALL_DIR_BYTES = 4096;
 /** A pass over a larger directory starts this long after the acquire. */
@@ -41,10 +31,8 @@ const MAX_STEMS = 256;
 const MAX_DIRS = 1024;
 
 /**
- * Removes the temp file `name` if its creator is dead: its LOCK_EX|LOCK_NB
- * succeeds, and it holds nothing but a runlock record (or nothing: the
- * creator died before writing), and the name still names the inode we
- * locked. A file that only looks like ours is left alone. Never throws.
+ * Removes the temp file `name` if its LOCK_EX|LOCK_NB succeeds, it holds a
+ * runlock record or nothing, and the name still names that inode.
  */
 function sweepOne(dir: Dir, name: string): boolean {
   let handle: Handle | "ENOENT";
@@ -55,7 +43,6 @@ function sweepOne(dir: Dir, name: string): boolean {
   }
   if (handle === "ENOENT") return false;
   try {
-    // Unlink only while holding LOCK_EX on the inode the name still names.
     if (!handle.tryLock(true)) return false;
     const kind = parseRecord(handle.readAll(MAX_RECORD_BYTES + 1)).kind;
     if (kind !== "empty" && kind !== "runlock") return false;
@@ -68,11 +55,7 @@ function sweepOne(dir: Dir, name: string): boolean {
   }
 }
 
-/**
- * Lists `dir` and removes the dead temp files of the lock named `name`
- * (`.<stem>.<16 hex>.tmp`). Best effort; never throws. Returns how many it
- * removed.
- */
+/** Removes the dead temp files of the lock `name`; how many. Never throws. */
 function sweep(dir: Dir, name: string): number {
   const stem = tempStem(name);
   let names: string[];
@@ -88,14 +71,12 @@ function sweep(dir: Dir, name: string): number {
   return removed;
 }
 
-// Lock paths this process has swept litter for (or noted for a pass). Once
-// per path per process, and again after each takeover (a crash is known to
-// have happened). Bounded: a server that locks a new name per job must not
-// grow without end; forgetting a path only costs one more sweep.
+// Lock paths swept (or noted): once per process, and after each takeover.
+// Bounded: a server may lock a new name per job.
 const swept = new Set<string>();
 const MAX_SWEPT = 1024;
 
-/** A larger directory's pass: the names noted for it, and when it ran. */
+/** A larger directory's pass. */
 interface Pass {
   /** The directory's canonical path, resolved when it was first noted. */
   readonly path: string;
@@ -108,15 +89,10 @@ interface Pass {
   running: boolean;
 }
 
-// Larger directories, by the directory as the caller named it (no system
-// call to look one up).
+// Larger directories, by the directory as the caller named it.
 const passes = new Map<string, Pass>();
 
-/**
- * Called after each acquisition (`tookOver`: a stale file was removed).
- * Costs at most one `lstat` of the directory and, for a small directory,
- * its listing: never a listing of a larger one.
- */
+/** After each acquisition (`tookOver`: a stale file was removed). */
 export function sweepAfter(target: Target, tookOver: boolean): void {
   if (!tookOver && swept.has(target.path)) return;
   if (swept.size >= MAX_SWEPT) swept.clear();
@@ -141,8 +117,7 @@ function note(target: Target): void {
       }
       if (passes.size >= MAX_DIRS) return;
     }
-    // The pass opens the directory anew, later: the lock's own pinned
-    // descriptor may be closed (and its number reused) by then.
+    // The lock's pinned descriptor may be closed (its number reused) by then.
     const path = target.pinned.byDescriptor
       ? p.realDir(target.pinned.prefix)
       : target.pinned.prefix;
@@ -175,11 +150,7 @@ function schedule(pass: Pass): void {
   }, wait);
 }
 
-/**
- * One pass: list the directory (one turn), then check the noted names'
- * temp files, CHECKS_PER_TURN per turn, on unreferenced timers: a process
- * that exits first never finishes it, and loses nothing but the sweep.
- */
+/** One pass: list the directory, then check CHECKS_PER_TURN per turn. */
 function run(pass: Pass): void {
   pass.running = true;
   pass.listedAt = performance.now();

@@ -1,19 +1,15 @@
 /**
- * Temp names, `.<stem>.<16 hex digits>.tmp`: a lock in the making, a
- * watch's marker, or litter, never a lock. The stem is the lock's name, cut
- * so that the temp name fits in NAME_MAX bytes. The litter sweep, `scan()`
- * and `watch()` tell them from locks by this module's rules (PROTOCOL.md,
- * "Litter").
+ * Temp names, `.<stem>.<16 hex digits>.tmp` (PROTOCOL.md, "Litter"): the
+ * stem is the lock's name, cut so that the temp name fits in NAME_MAX bytes.
  *
  * @module
  */
 
 const encoder = new TextEncoder();
 
-// A random 32-bit prefix per process and a counter: a name costs no system
-// call and no random draw on the hot path, and other processes still cannot
-// predict it. O_EXCL settles any collision. Drawn on the first name, not at
-// import: Node loads its Web Crypto code for it.
+// A random 32-bit prefix per process and a counter: no system call or random
+// draw per name, still unpredictable; O_EXCL settles a collision. Drawn on
+// the first name, not at import: Node loads its Web Crypto code for it.
 let processTag = "";
 let tempCounter = 0;
 
@@ -36,11 +32,7 @@ const NAME_MAX = 255;
 // "." + 16 hex digits + ".tmp" after the stem.
 const TAIL = 21;
 
-/**
- * The part of a temp name that comes from the lock's name `name`: the name,
- * cut (at a character boundary) so that the temp name still fits in
- * NAME_MAX bytes. Every lock name the filesystem accepts can then be locked.
- */
+/** `name`, cut at a character boundary so that its temp name fits NAME_MAX. */
 export function tempStem(name: string): string {
   const room = NAME_MAX - TAIL - 1;
   if (name.length * 3 <= room) return name; // fast path: fits whatever it is

@@ -1,12 +1,7 @@
 /**
- * One shared, unref'd timer for every held lock's periodic check, on every
- * runtime: a lock registers a {@linkcode Tick}, never a timer of its own.
- * The timer is armed for the earliest due tick only; a tick removed before
- * it is due costs an unlink, and a timer that finds nothing due simply is
- * not re-armed. Ticks with the same period are kept in one list in the
- * order they fall due (each is re-appended `period` after it ran), so a
- * firing looks at the head of each period's list, and locks with different
- * periods each keep theirs.
+ * One shared, unref'd timer for every held lock's periodic check, armed for
+ * the earliest due {@linkcode Tick}. Ticks of one period are kept in one list
+ * in the order they fall due, so a firing looks at each list's head.
  *
  * @module
  */
@@ -61,18 +56,16 @@ let armedFor = Infinity;
 let disarm: (() => void) | undefined;
 
 /**
- * Registers `run` to be called once the event loop turns and then every
- * `period` milliseconds (> 0), on the shared timer, until the returned
- * tick is stopped. Never keeps the process alive. A call may come up to a
- * quarter of its period (at most 10 ms) early: due ticks are run together.
+ * Calls `run` once the event loop turns, then every `period` ms (> 0), until
+ * the tick is stopped. A call may come up to a quarter of its period (at
+ * most 10 ms) early: due ticks run together.
  */
 export function every(period: number, run: () => void): Tick {
   const tick = new Tick(period, run);
   const now = performance.now();
   tick.due = now;
   soon.push(tick);
-  // A timer already armed for now or earlier will find it: a tight loop
-  // of acquire and release arms the timer once.
+  // A tight loop of acquire and release arms the timer once.
   if (armedFor > now) arm(now, now);
   return tick;
 }

@@ -1,7 +1,6 @@
 /**
- * How a waiter waits (see "Waiting" in PROTOCOL.md): the sleeps between its
- * looks, and the whole acquire as steps that yield each sleep, which the
- * async and sync forms of `acquire` drive.
+ * How a waiter waits (PROTOCOL.md, "Waiting"): the whole acquire as steps
+ * that yield each sleep, for the async and sync forms of `acquire`.
  *
  * @module
  */
@@ -25,28 +24,21 @@ export interface Sleeps {
 }
 
 /**
- * An async waiter's sleeps while its watches do not see the holder's death
- * (see `Woken.watched`). Its looks only cover a missed event, and each costs
- * a wake-up (0.3 ms of CPU or more: 50 waiters polling every 5 ms burnt both
- * cores). Where the watch sees a close, that is only while a watch is
- * refused: 1 s. Elsewhere, without the close watch, a look is what finds a
- * dead holder: 250 ms.
+ * An async waiter's sleeps while its watches do not see the holder's death.
+ * A look costs a wake-up (0.3 ms of CPU or more: 50 waiters polling every
+ * 5 ms burnt both cores). 1 s where only a refused watch is missing; 250 ms
+ * where a look is what finds a dead holder.
  */
 export const ASYNC_SLEEPS: Sleeps = {
   max: p.watchSeesClose ? 1000 : 250,
   growth: 4,
 };
 /**
- * The cap while the watches tell of the holder's end, its release and its
- * death (see `Woken.watched`). At one look a second, 50 waiters burnt
- * 0.75-1.2 CPU-s in 6 s, most of it in the wake-ups.
+ * The cap while the watches tell of the holder's end: at one look a second,
+ * 50 waiters burnt 0.75-1.2 CPU-s in 6 s.
  */
 const WATCHED_MAX = 5000;
-/**
- * The cap while no event tells of the holder's end: a plain pidfile, an
- * empty file under `flock(1)` (read-only: no IN_CLOSE_WRITE), a holder on
- * another host.
- */
+/** The cap while no event tells of the holder's end (a pidfile, flock(1)). */
 const UNWATCHED_MAX = 250;
 /** The longest a waiter goes on quick looks before a whole probe. */
 const WHOLE_LOOK_MS = 10_000;
@@ -56,30 +48,19 @@ export const SYNC_SLEEPS: Sleeps = { max: 50, growth: 2 };
 /** Tells the steps that a sleep was cut short by an event. */
 export interface Woken {
   woken: boolean;
-  /**
-   * The event says the holder's file went or its holder closed it, so the
-   * next step is the attempt, not a look: `false` where it may be a new
-   * holder's file coming (Deno's watch of the directory).
-   */
+  /** The event says the holder's file went or was closed: attempt next. */
   ended?: boolean;
-  /**
-   * The watches see both the file's end and its holder's close (Node and
-   * Bun on Linux: the close watch; Deno: the file's own watch): with a
-   * runlock holder on this host, the cap is then `WATCHED_MAX`.
-   */
+  /** The watches see the file's end and its holder's close: `WATCHED_MAX`. */
   watched?: boolean;
 }
 
 /**
- * The whole acquire: attempt loops and, while the lock is held and time
- * remains, read-only looks between them until it looks free. Yields each
- * sleep, none past the deadline (so a timeout fires on time). `onSleep`,
- * called before each sleep, watches the file that is there now and answers
- * its identity (`fileKey`, read after the watches were armed), `""` when
- * there is none, or `undefined` when it does not watch. Closes the pinned
- * directory unless it returns.
+ * The whole acquire: attempt loops and, while held and time remains,
+ * read-only looks until it looks free. Yields each sleep, none past the
+ * deadline. `onSleep` watches the file there now and answers its `fileKey`
+ * (read after arming), `""` for none, `undefined` when it does not watch.
+ * Closes the pinned directory unless it returns.
  */
-
 export function* acquireSteps(
   target: Target,
   { timeout, mode, record }: Checked,
@@ -95,8 +76,7 @@ export function* acquireSteps(
   try {
     const deadline = performance.now() + timeout;
     const remaining = () => deadline - performance.now();
-    // A sleep to the deadline that ran out ends the wait: timers fire up to
-    // 1.6 ms before performance.now() says the time is up.
+    // Timers fire up to 1.6 ms before performance.now() says the time is up.
     let due = false;
     const expired = () => due || remaining() <= 0;
     for (;;) {
@@ -113,8 +93,7 @@ export function* acquireSteps(
           evented && err instanceof HeldError && err.byThisProcess &&
           !expired()
         ) {
-          // Just taken by another waiter of this process, woken by the same
-          // event: still held. Only before the wait does that fail at once.
+          // Taken by another waiter of this process woken by the same event.
           held = { pid: err.pid, host: err.host, started: err.started };
         } else if (err instanceof ContendedError) {
           held = err;
@@ -131,9 +110,7 @@ export function* acquireSteps(
           child: held.child,
         });
       }
-      // What the last whole probe saw held, for the quick looks; at first,
-      // what the attempt saw where it saw what a probe would (then the first
-      // look asks the flock of the attempt's own descriptor, opening nothing).
+      // What the last whole probe (at first, the attempt) saw held.
       let seen: Pick<Probe, "pid"> | undefined;
       let seenKey = "";
       let seenAt = 0;
@@ -142,14 +119,11 @@ export function* acquireSteps(
         seenKey = held.key!;
         seenAt = performance.now();
       }
-      // After an event the looks ramp up from 1 ms (a holder's close comes
-      // microseconds before its flock goes); otherwise they go to the cap.
+      // After an event the looks ramp up from 1 ms (a close comes before its
+      // flock goes); otherwise they go to the cap.
       let ramp = evented;
       evented = false;
-      /**
-       * The first look at a holder the attempt saw: the shared flock of the
-       * attempt's own descriptor, which it then closes. Whether it is free.
-       */
+      /** Whether the flock of the attempt's descriptor is free; closes it. */
       const lookKept = (): boolean => {
         const k = kept!;
         kept = undefined;
@@ -162,17 +136,13 @@ export function* acquireSteps(
           k.close();
         }
       };
-      /**
-       * A whole look (the read-only probe): whether the lock is no longer
-       * held. Notes what it saw held for the quick looks.
-       */
+      /** A probe: whether no longer held; notes what it saw held. */
       const lookWhole = (): boolean => {
         const found = probe(target, target.pinned);
         if (found.state !== "held") return true;
         seen = found;
         seenAt = performance.now();
-        // Whether an event will tell of this holder's end: a runlock record
-        // of this host, its writer holding the flock (not `racing`: a
+        // Whether an event will tell of this holder's end (not `racing`: a
         // read-only holder's close is no IN_CLOSE_WRITE).
         seenKey = found.marker && !found.far && !found.racing && found.pid > 0
           ? fileKey(target.pinned, target.name)
@@ -180,8 +150,7 @@ export function* acquireSteps(
         if (seenKey === "") seen = undefined;
         return false;
       };
-      // The watches (their key) under which the last look was made:
-      // none for the attempt, made before they were armed.
+      // The watches' key at the last look (none for the attempt).
       let lookedUnder: string | undefined;
       /** The longest sleep before the next look, after one that saw `seen`. */
       const capOf = (armed: string | undefined) =>
@@ -194,30 +163,25 @@ export function* acquireSteps(
         wake.woken = false;
         wake.ended = false;
         const armed = onSleep();
-        // No file to watch, or the watches are on another file than the one
-        // last seen held (its event may have come and gone): look at once.
+        // No file, or another file than the one seen held: look at once.
         const now = armed === "" ||
           (armed !== undefined && seen !== undefined && armed !== seenKey);
         if (kept !== undefined && armed !== undefined) {
-          // The first look, at once now that the watches are armed: a
-          // holder that ended before told no event, and a zombie's PID still
-          // answers kill, so its flock says. Where no watch is armed, it
-          // comes after the first sleep.
+          // Now that the watches are armed: a holder that ended before told
+          // no event, and a zombie's PID still answers kill.
           if (lookKept()) break;
           if (!now && seen !== undefined && !ramp) interval = capOf(armed);
         } else if (
           armed !== undefined && armed !== lookedUnder && !now &&
           seen !== undefined && capOf(armed) === WATCHED_MAX
         ) {
-          // The watches are armed only now (a Deno watch refused until a
-          // turn later) over a holder seen before them: as after the
-          // attempt, look at once, by a whole probe this time.
+          // Armed only now (Deno refused a watch until a turn later) over a
+          // holder seen before them: look at once.
           if (lookWhole()) break;
           if (seen !== undefined && !ramp) interval = capOf(armed);
         }
-        // While the watches tell of the holder's end, a look due less than
-        // half a sleep before the deadline is left to the attempt at the
-        // deadline, which sees all a look sees: one wake-up fewer.
+        // A look due less than half a sleep before the deadline is left to
+        // the deadline's attempt: one wake-up fewer.
         const left = remaining();
         const sleep = now ? 0 : interval >= left ||
             (capOf(armed) === WATCHED_MAX && left - interval < interval / 2)
@@ -225,9 +189,7 @@ export function* acquireSteps(
           : interval;
         yield sleep;
         due = !now && sleep >= left && !wake.woken;
-        // The holder's file went or was closed: attempt at once. A look
-        // first would only find what the attempt finds, and cost the
-        // hand-off a cold probe.
+        // Attempt at once: a look first would cost the hand-off a probe.
         if (wake.woken && wake.ended) {
           evented = true;
           break;
@@ -235,14 +197,11 @@ export function* acquireSteps(
         // The deadline: its attempt sees what a look would.
         if (due) break;
         if (kept !== undefined && lookKept()) break;
-        // A quick look (lstat and kill(pid, 0), no open) where the watches
-        // tell of this holder's end; otherwise a whole look, since a zombie
-        // or an exec'd holder still answers kill. A look that opens the file
-        // is an event for every other waiter's watch on Deno (IN_OPEN: 50
-        // waiters' looks were 2,500 thread wake-ups each time round). A whole
-        // look every `WHOLE_LOOK_MS` catches a PID reused after a missed
-        // event.
-
+        // A quick look (lstat, kill; no open) where the watches tell of this
+        // holder's end, else a probe (a zombie still answers kill). An open
+        // is an event for every waiter's watch on Deno (IN_OPEN: 50 waiters
+        // made 2,500 wake-ups a round). A probe every `WHOLE_LOOK_MS` catches
+        // a PID reused after a missed event.
         if (
           seen === undefined || now || wake.woken ||
           capOf(armed) !== WATCHED_MAX ||

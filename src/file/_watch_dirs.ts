@@ -1,8 +1,5 @@
 /**
- * {@linkcode watch}'s tree of directory watches: the top directory and,
- * with `recursive`, each subdirectory as it comes and goes; a directory
- * replaced at its path is dropped, and the re-scan diffs each listing
- * against what was reported.
+ * {@linkcode watch}'s tree of directory watches, and the re-scan.
  *
  * @module
  */
@@ -47,11 +44,7 @@ export class Dirs {
     readonly host: DirsHost,
   ) {}
 
-  /**
-   * Tells onSkip of an entry left out unread, once per watch. A throw of
-   * onSkip is thrown again on its own, as an event listener's is: the
-   * watch goes on.
-   */
+  /** Tells onSkip, once per watch; its throw is rethrown apart (as a listener's). */
   readonly #skip = (skipped: Skipped): void => {
     if (this.onSkip === undefined) return;
     const key = `${skipped.reason}\0${skipped.path}`;
@@ -84,11 +77,7 @@ export class Dirs {
     this.top = this.#watch(dir, key, real);
   }
 
-  /**
-   * Every entry under the top directory that may be a lock, as scan()
-   * lists them; with `recursive`, each subdirectory is watched before it
-   * is listed.
-   */
+  /** The entries under the top directory; subdirectories watched first. */
   walkTop(): Generator<Walked<DirWatch>> {
     const top = this.top!;
     return walk(
@@ -169,14 +158,10 @@ export class Dirs {
   }
 
   /**
-   * Watches `d` anew, its name having moved while its identity stayed:
-   * removed and made again at once (the new directory got the old one's
-   * inode number: the old watch reported nothing after, on every
-   * runtime), renamed away and back (Deno 2.9.6 reported nothing after),
-   * or another directory moved over it and away. A fresh watch, made after
-   * the old one's close has gone through, reports (the same for each
-   * subdirectory below it). The re-scan the event scheduled finds what
-   * came in between.
+   * Watches `d` anew after its name moved while its identity stayed: the
+   * old watch went deaf (a directory made again with its inode number, on
+   * every runtime; renamed away and back, Deno 2.9.6). The re-scan finds
+   * what came in between.
    */
   #rearm(d: DirWatch): void {
     // Its subdirectories' watches go deaf with it.
@@ -191,11 +176,7 @@ export class Dirs {
     }, 5);
   }
 
-  /**
-   * A directory that is gone (removed, or moved away from its path): its
-   * runs' ends are looked for, and it is watched no more. The top one
-   * ends the iteration once those are reported.
-   */
+  /** A directory gone from its path: its runs' ends are looked for. */
   #drop(d: DirWatch): void {
     if (d.dropped) return;
     d.dropped = true;
@@ -221,11 +202,7 @@ export class Dirs {
     for (const d of [...this.#all]) this.check(d);
   }
 
-  /**
-   * An event named `path` in `d` (`closed`: maybe a holder's close): a
-   * subdirectory there is watched anew when it is another, or dropped,
-   * and a run there is looked at.
-   */
+  /** An event named `path` in `d` (`closed`: maybe a holder's close). */
   changed(path: string, d: DirWatch, closed: boolean): void {
     if (d.dropped) return;
     const name = path.slice(path.lastIndexOf("/") + 1);
@@ -249,11 +226,8 @@ export class Dirs {
   }
 
   /**
-   * The fallback: lists every watched directory and looks again at each
-   * name that differs from what was reported (and at each held run whose
-   * flock is free), as if an event had named it. Bounded: one listing per
-   * directory and one flock test per held run; files already known not to
-   * be locks are not opened again.
+   * Lists every watched directory and looks again at each name that differs
+   * from what was reported, and at each held run whose flock is free.
    */
   rescan(): void {
     for (const d of [...this.#all]) {
@@ -273,8 +247,7 @@ export class Dirs {
         if (kind === "directory") {
           if (!this.recursive) continue;
           const child = d.children.get(name);
-          // Another directory at the name (made while events were lost):
-          // its watch is dropped by its check; watch the new one.
+          // Another directory at the name: its check dropped the old one.
           if (child !== undefined && this.check(child)) continue;
           d.children.delete(name);
           this.#add(d, name);
@@ -306,11 +279,9 @@ export class Dirs {
 }
 
 /**
- * The identity (`dev:ino`) of the directory at `real`, or `""` when no
- * directory is there (a file or a symlink made in its place may get its
- * inode number). Through its parent first (an lstat: a symlink put in its
- * place is not it); where the parent may not be read (Deno with
- * `--allow-read` for the directory only), by opening the directory itself.
+ * The identity of the directory at `real` (`""`: none; a file in its place
+ * may get its inode number). By lstat, else (Deno allowed to read the
+ * directory only) by opening it.
  */
 function dirKeyOf(real: string): string {
   const dir = (info: FileInfo | null) =>

@@ -1,8 +1,6 @@
 /**
- * {@linkcode watch}'s runs: what was last reported at each path, and the
- * decision of each change when a path is looked at again (see PROTOCOL.md,
- * "Watching", for why each kind is decided the way it is). One look at a
- * time per path, so that a path's changes stay in order.
+ * {@linkcode watch}'s runs: what was last reported at each path, and each
+ * change's decision (PROTOCOL.md, "Watching").
  *
  * @module
  */
@@ -28,25 +26,17 @@ import {
 import type { Change, ChangeKind, DirWatch } from "./_watch_types.ts";
 
 /**
- * How long a held run's name may be gone while its holder still holds the
- * inode's flock before the run counts as `lost` (ms). A clean release
- * unlinks and closes in one go (microseconds apart); a holder whose file
- * someone else deleted holds on until it notices and lets go.
+ * How long a held run's name may be gone while its flock is held before it
+ * counts as `lost` (ms): a clean release unlinks and closes microseconds apart.
  */
 const LOST_MS = 1000;
 /** How long a stale file's removal waits for the acquire taking it over (ms). */
 const TAKEOVER_MS = 1000;
 /** Sleeps (ms) between looks at a held run's flock after its name went. */
 const END_SLEEPS = [0, 1, 2, 4, 8, 16, 32, 64, 128, 250];
-/**
- * Looks again (ms) after a holder's close while its flock still shows held:
- * the kernel reports the close a moment before it drops the flock.
- */
+/** Looks again (ms) after a close: the kernel reports it before the flock goes. */
 const CLOSE_SLEEPS = [0, 1, 2, 4, 8, 16, 32];
-/**
- * Descriptors given back when the kept ones ran the process out of them
- * (`EMFILE`): the runtime and the looks need some.
- */
+/** Descriptors given back when the kept ones ran the process out (`EMFILE`). */
 const FD_MARGIN = 16;
 /** A look that ran out of descriptors is tried again after this (ms). */
 const UNKNOWN_MS = 250;
@@ -66,10 +56,8 @@ export interface Run {
   /** When a stale run's name was first seen gone (a takeover may follow). */
   vacated: number | undefined;
   /**
-   * Seen dead: its flock found free, and then its name found still naming
-   * its inode (a clean release unlinks before it lets go). Looked at on
-   * its holder's close, so that a waiter that takes the file over before
-   * the watch looks again does not hide the crash.
+   * Seen dead at its holder's close: flock free, name still on its inode (a
+   * release unlinks first), so that a quick takeover does not hide the crash.
    */
   died: boolean;
   /** Its last probe. */
@@ -135,9 +123,8 @@ export class Paths {
   }
 
   /**
-   * Looks at `path` and reports what changed since the last report, one
-   * look at a time per path (a path's changes stay in order). `closed`: a
-   * holder's close is why.
+   * Looks at `path` and reports what changed, one look at a time per path
+   * (its changes stay in order). `closed`: a holder's close is why.
    */
   settle(path: string, d: DirWatch, closed: boolean): void {
     const busy = this.#busy.get(path);
@@ -168,8 +155,7 @@ export class Paths {
 
   #once(path: string, d: DirWatch, closed: boolean): Promise<void> | void {
     const rep = this.runs.get(path);
-    // The flock first, the name second: a flock found free while the name
-    // still names its inode is a holder that ended without unlinking.
+    // The flock first: free while the name is on its inode is a crash.
     const freeBefore = rep?.fd !== undefined && flockFree(rep.fd);
     const seen = d.dropped
       ? { kind: "none", other: false } as Seen
@@ -187,8 +173,7 @@ export class Paths {
   ): Promise<void> | void {
     if (this.#host.done) return;
     if (seen.kind === "unknown") {
-      // Out of descriptors: nothing is known of the path; look again (and
-      // the re-scan looks too), never taking it for "not a lock".
+      // Out of descriptors: look again, never taking it for "not a lock".
       this.#host.poll();
       return sleep(UNKNOWN_MS).then(() => {
         if (!this.#host.done && !d.dropped) return this.#once(path, d, false);
@@ -230,14 +215,12 @@ export class Paths {
         this.#host.push(path, "crashed", toInspection(path, seen.found));
         return;
       }
-      // Gone. A takeover unlinks the stale file, then links its own: wait
-      // for it while an acquire of this name is under way.
+      // Gone: a takeover unlinks, then links; wait while an acquire is on.
       const now = performance.now();
       rep.vacated ??= now;
       const name = path.slice(path.lastIndexOf("/") + 1);
       if (!d.dropped && now - rep.vacated < TAKEOVER_MS) {
-        // The acquire first, the name second: a taker that linked its
-        // file since the look has removed its temp file by now.
+        // The acquire first: a taker that linked since has no temp file.
         const under = acquiring(d.path, tempStem(name));
         const again = look(path);
         if (again.kind !== "none") {
@@ -276,8 +259,7 @@ export class Paths {
       first,
     );
     if (gone()) return;
-    // Still a dead PID under a held flock (flock(1) on a crashed run's
-    // file?): as held, as inspect() answers after its looks.
+    // Still racing (flock(1)?): held, as inspect() answers.
     if (seen.kind === "racing") seen = { ...seen, kind: "run" };
     return this.#decide(path, d, this.runs.get(path), false, seen, false);
   }
@@ -301,10 +283,8 @@ export class Paths {
   }
 
   /**
-   * A held run's name no longer names its record: released, or lost. A
-   * clean release unlinks, then closes; a deletion by someone else leaves
-   * the holder holding the unlinked inode. So: wait (at most
-   * {@linkcode LOST_MS}) for the flock of the inode to go.
+   * A held run's name no longer names its record: released, or lost (its
+   * holder still holds the unlinked inode after {@linkcode LOST_MS}).
    */
   #ended(
     path: string,
@@ -325,13 +305,9 @@ export class Paths {
     if (
       fd === undefined || freeBefore || flockFree(fd) || releasedByRun(fd)
     ) {
-      // Its flock and its name both gone: which went first is not known
-      // from what is there now, unless it was seen dead at its close (a
-      // waiter took the file over since). Otherwise released: never a
-      // crash that was not seen (the order of the two events cannot be
-      // had: on Node and Bun they come through two watches, which Bun
-      // delivered out of the kernel's order 7 times in 30; Deno's watch
-      // drops events in bursts).
+      // Flock and name both gone: a crash only if seen dead at its close
+      // (the events' order cannot be had: Bun delivered its two watches'
+      // out of order 7 times in 30; Deno's drops events in bursts).
       if (rep.died && !d.dropped) {
         this.#toStale(rep);
         this.#host.push(path, "crashed", staleInspection(path, rep.found));
@@ -409,9 +385,8 @@ export class Paths {
     this.#cap ??= fdBudget(FD_MARGIN);
     const fd = this.#kept < this.#cap ? hold(run.path, run.ino) : undefined;
     if (fd === "EMFILE") {
-      // The kept descriptors ran the process out of them: keep fewer from
-      // now on, and give some back at once, so that the runtime and the
-      // looks have some. A run without one is re-scanned every second.
+      // Keep fewer from now on, and give some back at once. A run without
+      // one is re-scanned every second.
       this.#cap = Math.max(0, this.#kept - FD_MARGIN);
       for (const other of this.runs.values()) {
         if (this.#kept <= this.#cap) break;
@@ -422,8 +397,7 @@ export class Paths {
     }
     if (fd === undefined) {
       if (this.#kept < this.#cap) {
-        // Replaced since the look, or out of descriptors: look again now,
-        // and in every re-scan while it has none.
+        // Replaced since the look, or out of descriptors: look again.
         const busy = this.#busy.get(run.path);
         if (busy !== undefined) busy.again = true;
         else p.unrefLater(() => this.settle(run.path, run.dir, false), 0);
@@ -434,8 +408,7 @@ export class Paths {
     run.fd = fd;
     this.#kept++;
     run.unclose = p.watchClose(run.path, () => this.onClose(run));
-    // Without a close watch, and a directory watch that sees the close,
-    // only the re-scan finds a crash.
+    // No watch sees the close: only the re-scan finds a crash.
     if (run.unclose === undefined && !p.watchSeesClose) this.#host.poll();
   }
 

@@ -1,8 +1,7 @@
 /**
- * When {@linkcode watch} looks again without an event to say what changed:
- * a re-scan soon after a burst of events (the watch may have dropped
- * some), and periodic passes where the runtime's watch cannot be relied on
- * alone. A pass is a re-scan, or only a look at each directory.
+ * When {@linkcode watch} looks again without an event: a re-scan after a
+ * burst of events (some may be dropped), and periodic passes where the
+ * runtime's watch cannot be relied on alone.
  *
  * @module
  */
@@ -14,26 +13,19 @@ const RECHECK_FIRST_MS = 250;
 const RECHECK_MS = 1000;
 /** The re-scan's period where there is no watch to wait for (ms). */
 const POLL_MS = 1000;
-/**
- * The period of the periodic passes where every directory is watched
- * (Deno's) once the watch has been quiet for {@linkcode QUIET_MS} (ms):
- * every second while events come.
- */
+/** The passes' period once quiet for {@linkcode QUIET_MS} (ms); 1 s before. */
 const QUIET_POLL_MS = 5000;
 const QUIET_MS = 10_000;
 /**
- * The period of the looks at each directory (one `lstat`) where they are
- * the only periodic pass (Deno 2.9 and later), once quiet (ms). Each pass
- * is a wake-up of the process, which costs Deno 0.3-0.4 ms of CPU: every
- * 5 s, an idle watch of 1,000 held runs added 0.09 ms a second (0.11 with
- * the 60 s re-scan).
+ * The period of the looks at each directory where they are the only pass
+ * (Deno), once quiet (ms). A wake-up costs Deno 0.3-0.4 ms of CPU: every
+ * 5 s, an idle watch of 1,000 runs added 0.09 ms a second.
  */
 const QUIET_LOOK_MS = 10_000;
 /**
- * Where the directory watch may go deaf unsaid (Deno: one inotify watch per
- * inode for the process; a watch of a directory renamed away and back, or
- * of one inode under two paths, reports nothing more), a re-scan at least
- * this often (ms), so that such a watch costs latency, not a change.
+ * A re-scan at least this often (ms) where a watch may go deaf unsaid (Deno:
+ * one inotify watch per inode, so a directory renamed away and back, or under
+ * two paths, reports nothing more).
  */
 const BACKSTOP_MS = 60_000;
 
@@ -57,10 +49,8 @@ export class Rescans {
   #lastEvent = performance.now();
 
   /**
-   * @param open Whether the watch is open: its first batch out, its end
-   * not begun.
-   * @param pass A pass: a re-scan (every directory listed, what differs
-   * looked at), or only a check that each directory is still at its path.
+   * @param open Whether the watch is open (first batch out, not ending).
+   * @param pass A re-scan, or only a check of each directory's path.
    */
   constructor(
     readonly open: () => boolean,
@@ -73,10 +63,7 @@ export class Rescans {
     if (p.watchMissesRemoval) this.#blind = true;
   }
 
-  /**
-   * Something cannot be watched: re-scan every second, from the next pass
-   * on, or with `now` the first now (once open).
-   */
+  /** Something cannot be watched: re-scan every second (`now`: from now). */
   poll(now: boolean): void {
     if (this.#poll) return;
     this.#poll = true;
@@ -95,10 +82,8 @@ export class Rescans {
   }
 
   /**
-   * An event; `lapse`: the watch lost events and says so. The first event
-   * of a burst (the last re-scan saw none new), or a lapse, gets a re-scan
-   * soon, not at the next of the periodic passes, which may be seconds
-   * away.
+   * An event (`lapse`: the watch lost events). A burst's first event, or a
+   * lapse, gets a re-scan soon, not at the next periodic pass.
    */
   event(lapse: boolean): void {
     const soon = this.#scanned || lapse;
@@ -136,12 +121,7 @@ export class Rescans {
     else if (again) this.#schedule(RECHECK_MS);
   }
 
-  /**
-   * Whether passes run periodically: a re-scan where something cannot be
-   * watched or the watch may lose events unsaid, a look at each directory
-   * where its removal may go unreported (Deno) once a re-scan has seen no
-   * new events.
-   */
+  /** Whether passes run periodically. */
   #periodic(): boolean {
     return this.#poll || this.#safety || this.#blind;
   }

@@ -1,7 +1,6 @@
 /**
- * {@linkcode watch}'s look at one path: what is there now (a probe, with
- * the inode it saw), and the read-only descriptor it keeps on a held run's
- * inode to tell, once the name has gone, whether the holder still holds it.
+ * {@linkcode watch}'s look at one path, and the read-only descriptor it
+ * keeps on a held run's inode.
  *
  * @module
  */
@@ -14,7 +13,7 @@ import {
   within,
 } from "./_protocol.ts";
 import { stemOfTemp } from "./_temp_name.ts";
-import { probe } from "./_probe.ts";
+import { freeProbe, probe } from "./_probe.ts";
 import { platform as p } from "../platform/current.ts";
 import type { FileInfo, Handle } from "../platform/types.ts";
 import { type Inspection, toInspection } from "./probes.ts";
@@ -22,20 +21,13 @@ import { MAX_RECORD_BYTES, parseRecord } from "./record.ts";
 
 /** What a look at a path found. */
 export type Seen =
-  /**
-   * Nothing (`found` undefined), or a file that is not a run's lock (a
-   * foreign pidfile, an invalid file: its probe), or one that cannot be
-   * probed (a directory, an unreadable file: `other` without `found`).
-   */
+  /** No run's lock: nothing, or (`other`) a file that is not one. */
   | { kind: "none"; other: boolean; found?: Probe }
   /** A runlock record (held or stale), and the inode it is in. */
   | { kind: "run"; found: Probe; ino: string; run: string }
   /** A dead PID under a held flock: a takeover of that record under way. */
   | { kind: "racing"; found: Probe; ino: string; run: string }
-  /**
-   * Not known: the look ran out of descriptors (`EMFILE`, `ENFILE`). Look
-   * again later (the re-scan does); it says nothing of the path.
-   */
+  /** The look ran out of descriptors: it says nothing of the path. */
   | { kind: "unknown" };
 
 /** Whether `err` (or its cause) is a lack of descriptors. */
@@ -56,10 +48,7 @@ export function keyOf(info: FileInfo | null): string {
   return info === null ? "" : inodeKey(info);
 }
 
-/**
- * The identity of the run a record names: a new holder (or a record
- * rewritten in place) has another PID or another start.
- */
+/** The identity of the run a record names. */
 function runOf(found: Probe): string {
   return `${found.pid}\0${found.host}\0${
     found.started?.getTime() ?? ""
@@ -67,11 +56,9 @@ function runOf(found: Probe): string {
 }
 
 /**
- * Looks at `path`: its inode before and after one probe (the probe as
- * inspect() makes it: a shared flock, one read), looking again when the
+ * Looks at `path`: its inode before and after one probe, again when the
  * file was replaced in between, so that the record and the inode belong
- * together. `other`: a file is there, but it is not a run's lock (a
- * foreign pidfile, an invalid or unreadable file, a directory).
+ * together.
  */
 export function look(path: string): Seen {
   for (let tries = 0;; tries++) {
@@ -121,31 +108,9 @@ export function staleInspection(path: string, found: Probe): Inspection {
   };
 }
 
-/** What a probe of a path with no file says. */
-function freeInspection(path: string): Inspection {
-  return {
-    path,
-    state: "free",
-    pid: 0,
-    host: "",
-    started: undefined,
-    foreign: false,
-    reason: undefined,
-    runtime: "",
-    meta: {},
-    bootId: "",
-    pidNamespace: "",
-    pidValidHere: undefined,
-    pidElsewhere: undefined,
-    child: 0,
-  };
-}
-
 /**
- * A read-only descriptor on the inode at `path`, when that inode is `ino`
- * (else `undefined`: the file changed since the look, or cannot be
- * opened), `"EMFILE"` when out of descriptors. Read-only: its close is no
- * `IN_CLOSE_WRITE`, so it never looks like a holder's.
+ * A read-only descriptor (its close is no `IN_CLOSE_WRITE`) on the inode
+ * at `path` if it is `ino`; `"EMFILE"` when out of descriptors.
  */
 export function hold(
   path: string,
@@ -172,11 +137,9 @@ export function hold(
 }
 
 /**
- * How many descriptors a watch may keep on held runs: half of those the
- * process may still open (its soft `RLIMIT_NOFILE`, from
- * `/proc/self/limits`, less those open in `/proc/self/fd`), and at least
- * `margin` fewer, so that the runtime itself never runs out (Deno 2.9.6
- * panics when it cannot get one). `Infinity` where neither can be read.
+ * How many descriptors a watch may keep: half of those the process may
+ * still open, and at least `margin` fewer (Deno 2.9.6 panics when it cannot
+ * get one). `Infinity` where /proc cannot tell.
  */
 export function fdBudget(margin: number): number {
   let limit = Infinity;
@@ -201,11 +164,7 @@ export function fdBudget(margin: number): number {
   return Math.max(0, Math.min(Math.floor(free / 2), free - margin));
 }
 
-/**
- * Whether no one holds the flock of the inode `handle` is open on: a
- * shared flock taken and dropped at once (as a probe takes it), so that it
- * never stands in an acquirer's way longer than a probe does.
- */
+/** Whether no one holds `handle`'s flock: a shared flock, as a probe takes it. */
 export function flockFree(handle: Handle): boolean {
   try {
     if (!handle.tryLock(false)) return false;
@@ -216,10 +175,7 @@ export function flockFree(handle: Handle): boolean {
   }
 }
 
-/**
- * Whether an acquire of `name` in `dir` is under way: one of its temp
- * files (`.<stem>.<16 hex digits>.tmp`) is there and flocked.
- */
+/** Whether an acquire is under way: a temp file of `stem` is flocked. */
 export function acquiring(dir: string, stem: string): boolean {
   let names: string[];
   try {
@@ -247,16 +203,13 @@ export function acquiring(dir: string, stem: string): boolean {
 
 /** A path's state once a run there ended: its probe, or free. */
 export function noneInspection(path: string, seen: Seen): Inspection {
-  return seen.kind === "none" && seen.found !== undefined
-    ? toInspection(path, seen.found)
-    : freeInspection(path);
+  return toInspection(
+    path,
+    seen.kind === "none" && seen.found !== undefined ? seen.found : freeProbe(),
+  );
 }
 
-/**
- * Whether `runlock run` marked the record released (`child=released--`)
- * before it let go: the flock left on the inode is held by what its
- * command left running with the descriptor open, not by a run.
- */
+/** Whether `runlock run` marked the record released (`CHILD_RELEASED`). */
 export function releasedByRun(fd: Handle): boolean {
   try {
     const record = parseRecord(fd.readAll(MAX_RECORD_BYTES + 1));

@@ -1,9 +1,6 @@
 /**
- * One {@linkcode watch} iteration: the async iterator protocol, the first
- * batch, and the batching of the directory watches' events. The watches
- * are `_watch_dirs.ts`'s, when to look again without an event is
- * `_watch_rescan.ts`'s, and the runs and the decision of each change are
- * `_watch_paths.ts`'s; `watch.ts` has the contract.
+ * One {@linkcode watch} iteration: the async iterator, the first batch, and
+ * the batching of the directory watches' events.
  *
  * @module
  */
@@ -119,8 +116,7 @@ export class Session implements AsyncIterableIterator<Change[]> {
     return new Promise((resolve, reject) => {
       this.#waiter = resolve;
       this.#failure = reject;
-      // An awaited watch keeps the process alive, as an awaited read does;
-      // the watches themselves never do (where the runtime lets them not).
+      // An awaited watch keeps the process alive; the watches never do.
       this.#keep ??= setInterval(() => {}, 1 << 30);
       if (this.#phase === "starting" && this.#dirs.top !== undefined) {
         this.#begin().catch((err) => this.#fail(err));
@@ -159,8 +155,7 @@ export class Session implements AsyncIterableIterator<Change[]> {
 
   #push(path: string, kind: ChangeKind, info: Inspection): void {
     this.#queue.push({ path, kind, inspection: info });
-    // Changes found after a wait go out once the event loop turns, with
-    // whatever else was found meanwhile.
+    // Out once the event loop turns, with whatever else was found.
     this.#delivering ??= p.unrefLater(() => {
       this.#delivering = undefined;
       this.#deliver();
@@ -182,11 +177,6 @@ export class Session implements AsyncIterableIterator<Change[]> {
     this.#dirtyDirs.clear();
     // The queue stays: next() hands out what was found, then the end.
     this.#deliver();
-    if (this.#waiter !== undefined) {
-      const resolve = this.#waiter;
-      this.#settleWaiter();
-      resolve({ value: undefined, done: true });
-    }
   }
 
   #maybeEnd(): void {
@@ -236,10 +226,8 @@ export class Session implements AsyncIterableIterator<Change[]> {
   }
 
   /**
-   * An event on `name` in `d`. Not `moved` (modified, or on Deno a
-   * writable descriptor's close): maybe a holder's close, whose flock the
-   * kernel drops a moment after it reports the close. `""`: the watch
-   * lost events.
+   * An event on `name` in `d`; not `moved`: maybe a holder's close. `""`:
+   * the watch lost events.
    */
   #onEvent(d: DirWatch, name: string, moved: boolean): void {
     if (this.#phase === "done" || d.dropped) return;
@@ -257,10 +245,8 @@ export class Session implements AsyncIterableIterator<Change[]> {
   }
 
   /**
-   * An event on a temp file's name. A watch that sees a close reports a
-   * holder's close under the name its descriptor was opened by: the
-   * acquire's temp file, unlinked since. So a temp name that is gone, of a
-   * held run's name, may be that holder's death.
+   * An event on a temp name: a watch that sees closes reports a holder's
+   * under the name it opened (its temp file), so it may be that death.
    */
   #onTemp(d: DirWatch, name: string): void {
     if (!p.watchSeesClose) return;
@@ -273,8 +259,7 @@ export class Session implements AsyncIterableIterator<Change[]> {
     }
     const run = this.#paths.runs.get(path);
     if (run?.state !== "held") return;
-    // Still there, a holder that died between its link and its unlink: the
-    // temp name is then a second name of the run's inode.
+    // Still there: a second name of the run's inode (died before unlink).
     const temp = lstatOf(within(d.path, name));
     if (temp !== null && keyOf(temp) !== run.ino) return;
     this.#paths.diedNow(run);

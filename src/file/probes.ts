@@ -92,31 +92,8 @@ export interface Inspection extends LockInspection {
   pidElsewhere: "host" | "boot" | "namespace" | undefined;
 }
 
-/**
- * Whether the PID a record names means the same process here: compares the
- * record's host, boot id and PID namespace with this process's own.
- */
-export function pidView(
-  found: Pick<Probe, "state" | "pid" | "host" | "boot" | "pidns" | "marker">,
-): Pick<Inspection, "pidValidHere" | "pidElsewhere"> {
-  const unknown = { pidValidHere: undefined, pidElsewhere: undefined };
-  // Only a live holder's namespace is sure to be alive, so that its inode
-  // number cannot have been reused by another namespace since.
-  if (found.state !== "held" || found.pid === 0 || !found.marker) {
-    return unknown;
-  }
-  const where = elsewhere(found);
-  if (where !== undefined) return { pidValidHere: false, pidElsewhere: where };
-  const { boot, pidns } = p.identity();
-  if (found.boot && boot && found.pidns && pidns) {
-    return { pidValidHere: true, pidElsewhere: undefined };
-  }
-  return unknown;
-}
-
 /** The public form of a probe's answer. */
 export function toInspection(path: string, found: Probe): Inspection {
-  // pidView's answer, without its object: on inspect()'s hot path.
   let pidValidHere: boolean | undefined;
   let pidElsewhere: Inspection["pidElsewhere"];
   if (found.state === "held" && found.pid !== 0 && found.marker) {

@@ -1,17 +1,6 @@
 /**
- * The lock record: what the file says about its holder.
- *
- * ```
- * 4242
- * runlock 1
- * host=build-7
- * started=2026-11-30T09:52:11.000Z
- * ```
- *
- * Line 1 is the PID, so `pgrep -F`, `pkill -F` and systemd's `PIDFile=` work.
- * Line 2 marks the record as governed by flock. A file without the marker is
- * a foreign pidfile written by some other tool. `runlock run` adds a
- * `child=` line: the PID of the command it handed the lock to.
+ * The lock record (PROTOCOL.md, "The record"): line 1 the PID, line 2 the
+ * marker `runlock 1`; a file without the marker is a foreign pidfile.
  *
  * @module
  */
@@ -38,10 +27,7 @@ export type Record =
     pidns: string;
     /** `meta.<key>=<value>` lines: the user fields. */
     meta: { [key: string]: string };
-    /**
-     * `child=`: the PID of the command `runlock run` handed the lock to, or
-     * 0 (no such line, or one not yet filled in).
-     */
+    /** `child=`: the command `runlock run` handed the lock to, or 0. */
     child: number;
     /** `child=` says the run released the lock ({@linkcode CHILD_RELEASED}). */
     released: boolean;
@@ -49,18 +35,12 @@ export type Record =
   | { kind: "foreign"; pid: number }
   | { kind: "garbage"; reason: string };
 
-/**
- * The part of this process's record that is the same for every lock:
- * everything before the `started=` line.
- */
+/** This process's record before its `started=` line. */
 export function recordHead(pid: number, host: string): string {
   return host ? `${pid}\nrunlock 1\nhost=${host}\n` : `${pid}\nrunlock 1\n`;
 }
 
-/**
- * Formats the record this process writes when it takes a lock; `extra` is
- * more `key=value` lines, each ending in a newline.
- */
+/** The record this process writes; `extra`: more `key=value\n` lines. */
 export function formatRecord(
   head: string,
   started: Date,
@@ -71,26 +51,19 @@ export function formatRecord(
 }
 
 /**
- * The `child=` line as `runlock run` writes it when it takes the lock, before
- * its command has a PID: ten `-`, which the command's PID, zero-padded to ten
- * digits, overwrites in place once it runs. A reader that reads during that
- * write may see some of each; a value counts only as ten digits, so a mix
- * reads as "not filled in", never as another number.
+ * The `child=` line before the command has a PID: ten `-`, overwritten in
+ * place by the PID in ten digits. A read during that write sees a mix, which
+ * is no PID (a value counts only as ten digits).
  */
 export const CHILD_LINE = "child=----------\n";
 
 /**
- * The `child=` value `runlock run` writes just before it releases the lock
- * (its command has ended): what still holds the file's flock (a process the
- * command left running with the descriptor open) is no run.
+ * The `child=` value `runlock run` writes just before its release: what
+ * still holds the flock (what the command left running) is no run.
  */
 export const CHILD_RELEASED = "released--";
 
-/**
- * The ten characters of the `child=` value: `pid` zero-padded, or
- * {@linkcode CHILD_RELEASED} for 0. The marker has no digit, so a read that
- * meets it half written sees a mix that is no PID.
- */
+/** The `child=` value: `pid` in ten digits, or {@linkcode CHILD_RELEASED} for 0. */
 export function childDigits(pid: number): string {
   return pid === 0 ? CHILD_RELEASED : String(pid).padStart(10, "0");
 }
@@ -102,25 +75,17 @@ function childAt(text: string, from: number, to: number): number {
   return v >= 2 && v <= MAX_PID ? v : 0;
 }
 
-// A record of ASCII (the usual one: runlock's own fields are ASCII) is
-// decoded leniently: ASCII is valid UTF-8 whatever the decoder, and Deno's
-// strict decoder costs 2.7 times its lenient one (0.34 against 0.125 µs for
-// 129 bytes, measured). Anything else is decoded strictly, which stops at
-// the first byte that is not UTF-8 (a lenient decode of 4 KiB of such bytes
-// took 13-36 µs).
+// ASCII is decoded leniently: Deno's strict decoder costs 2.7 times as much
+// (0.34 against 0.125 µs for 129 bytes). Anything else strictly, which stops
+// at the first bad byte (a lenient decode of 4 KiB of them took 13-36 µs).
 const lenient = new TextDecoder("utf-8");
 const strict = new TextDecoder("utf-8", { fatal: true });
 
-// User fields are written as `meta.<key>=<value>`: readers that do not know
-// them (other tools, older runlock versions) ignore keys they do not know,
-// and the prefix keeps them apart from runlock's own keys.
+// The prefix keeps user fields apart from runlock's own keys.
 const META_PREFIX = "meta.";
 const META_KEY = /^[a-z0-9_.-]{1,64}$/;
 
-/**
- * The `key=value` lines of the user fields, in the order given; `meta` was
- * checked by `checkMeta`.
- */
+/** The user fields' lines, in order (`meta` checked by `checkMeta`). */
 export function metaLines(meta: { [key: string]: string }): string {
   let out = "";
   for (const [key, value] of Object.entries(meta)) {
@@ -135,18 +100,14 @@ function isAscii(bytes: Uint8Array): boolean {
   return true;
 }
 
-/**
- * Where the line of `text` that ends at `nl` (its newline, or the text's
- * end) ends without its trailing CR, if any; `from` is where it starts.
- */
+/** `nl`, or before a CR there: the end of the line from `from` to `nl`. */
 function lineEnd(text: string, from: number, nl: number): number {
   return nl > from && text.charCodeAt(nl - 1) === 13 ? nl - 1 : nl;
 }
 
 /**
- * `text` from `from` to `to` as a PID, as the protocol allows it: decimal, no
- * sign, no leading zero, no padding, 1 to 2147483647. Returns 0 for anything
- * else, so no caller can ever hand `kill` a 0 or a negative number.
+ * `text` from `from` to `to` as a PID (decimal, no sign, no leading zero, 1
+ * to MAX_PID), else 0: no caller can hand `kill` a 0 or a negative number.
  */
 function pidAt(text: string, from: number, to: number): number {
   if (to - from < 1 || to - from > 10) return 0;
@@ -189,11 +150,7 @@ function digits(s: string, at: number, n: number): number {
   return v;
 }
 
-/**
- * `new Date(value)`, read directly where it is the form runlock writes
- * (`2026-11-30T09:52:11.000Z`, a year from 1000 to 9999) and every field
- * is in range; anything else goes to `new Date`.
- */
+/** `new Date(value)`, read directly when in the form runlock writes. */
 function parseStarted(value: string): Date {
   if (
     value.length === 24 && value[4] === "-" && value[7] === "-" &&
@@ -222,9 +179,8 @@ function parseStarted(value: string): Date {
 }
 
 /**
- * Parses a lock file's bytes. Never throws. Lines are found with `indexOf`
- * on the decoded text and read in place: no array of lines, no regular
- * expression but for a user field's key (a probe parses a record per call).
+ * Parses a lock file's bytes; never throws. Lines are read in place, without
+ * an array or a regular expression (a probe parses a record per call).
  */
 export function parseRecord(bytes: Uint8Array): Record {
   if (bytes.length === 0) return { kind: "empty" };
@@ -269,14 +225,12 @@ export function parseRecord(bytes: Uint8Array): Record {
   let child = 0;
   let released = false;
   const meta: { [key: string]: string } = {};
-  // The first `=` at or after the line's start. Searched again only once
-  // the lines have passed it: lines without one cost no search each, so a
-  // record of many such lines is read in linear time.
+  // The next `=`, searched again only once passed: linear time for a record
+  // of many lines without one.
   let eq = -1;
   for (at = nl + 1; at < length; at = nl + 1) {
     nl = text.indexOf("\n", at);
     if (nl < 0) nl = length;
-    // `key=value`: the key ends at the line's first `=`.
     if (eq < at) eq = text.indexOf("=", at);
     if (eq < 0) break;
     if (eq > nl) continue;

@@ -6,8 +6,9 @@
  */
 
 import { dirError } from "./_error_map.ts";
-import { errnoOf, lockPath, type Probe, within } from "./_protocol.ts";
-import { checkDir, lookAgain, type Skipped, walk } from "./_listing.ts";
+import { checkPath, errnoOf, lockPath, within } from "./_protocol.ts";
+import type { Probe } from "./_protocol.ts";
+import { lookAgain, type Skipped, walk } from "./_listing.ts";
 import { probe } from "./_probe.ts";
 import { platform as p } from "../platform/current.ts";
 import { type Inspection, toInspection } from "./probes.ts";
@@ -80,7 +81,7 @@ export async function scan(
   dir: string,
   options?: ScanOptions,
 ): Promise<Inspection[]> {
-  checkDir(dir, "scan");
+  checkPath(dir, "dir", "scan");
   const recursive = options?.recursive ?? false;
   const signal = options?.signal;
   const onSkip = options?.onSkip;

@@ -8,7 +8,8 @@
  */
 
 import { Session } from "./_watch_session.ts";
-import { checkDir, type Skipped } from "./_listing.ts";
+import type { Skipped } from "./_listing.ts";
+import { checkPath } from "./_protocol.ts";
 import type { Change } from "./_watch_types.ts";
 
 export type { Change, ChangeKind } from "./_watch_types.ts";
@@ -117,7 +118,7 @@ export function watch(
   dir: string,
   options?: WatchOptions,
 ): AsyncIterable<Change[]> {
-  checkDir(dir, "watch");
+  checkPath(dir, "dir", "watch");
   const recursive = options?.recursive ?? false;
   if (typeof recursive !== "boolean") bad("recursive", "a boolean", recursive);
   const signal = options?.signal;
