@@ -26,8 +26,8 @@ export interface Sleeps {
 /**
  * An async waiter's sleeps while its watches do not see the holder's death.
  * A look costs a wake-up (0.3 ms of CPU or more: 50 waiters polling every
- * 5 ms burnt both cores). 1 s where only a refused watch is missing; 250 ms
- * where a look is what finds a dead holder.
+ * 5 ms burnt both cores). Where watches see closes, that is only while a
+ * watch is refused: 1 s; elsewhere a look finds a dead holder: 250 ms.
  */
 export const ASYNC_SLEEPS: Sleeps = {
   max: p.watchSeesClose ? 1000 : 250,
@@ -50,7 +50,10 @@ export interface Woken {
   woken: boolean;
   /** The event says the holder's file went or was closed: attempt next. */
   ended?: boolean;
-  /** The watches see the file's end and its holder's close: `WATCHED_MAX`. */
+  /**
+   * The watches see the file's end and its holder's close (Node and Bun: the
+   * close watch; Deno: the file's watch): the cap is `WATCHED_MAX`.
+   */
   watched?: boolean;
 }
 
@@ -76,7 +79,8 @@ export function* acquireSteps(
   try {
     const deadline = performance.now() + timeout;
     const remaining = () => deadline - performance.now();
-    // Timers fire up to 1.6 ms before performance.now() says the time is up.
+    // A sleep to the deadline ends the wait: timers fire up to 1.6 ms before
+    // performance.now() says the time is up.
     let due = false;
     const expired = () => due || remaining() <= 0;
     for (;;) {
@@ -93,7 +97,8 @@ export function* acquireSteps(
           evented && err instanceof HeldError && err.byThisProcess &&
           !expired()
         ) {
-          // Taken by another waiter of this process woken by the same event.
+          // Taken by another waiter of this process woken by the same event:
+          // still held (only before the wait does that fail at once).
           held = { pid: err.pid, host: err.host, started: err.started };
         } else if (err instanceof ContendedError) {
           held = err;

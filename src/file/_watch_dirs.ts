@@ -44,7 +44,10 @@ export class Dirs {
     readonly host: DirsHost,
   ) {}
 
-  /** Tells onSkip, once per watch; its throw is rethrown apart (as a listener's). */
+  /**
+   * Tells onSkip, once per watch. Its throw is rethrown on its own, as an
+   * event listener's is: the watch goes on.
+   */
   readonly #skip = (skipped: Skipped): void => {
     if (this.onSkip === undefined) return;
     const key = `${skipped.reason}\0${skipped.path}`;

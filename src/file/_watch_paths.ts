@@ -72,6 +72,10 @@ interface Busy {
   dir: DirWatch;
 }
 
+/** A look at `path`, or nothing once its directory is dropped. */
+const lookIn = (d: DirWatch, path: string): Seen =>
+  d.dropped ? { kind: "none", other: false } : look(path);
+
 export const sleep = (ms: number) =>
   new Promise<void>((resolve) => p.unrefLater(resolve, ms));
 
@@ -157,9 +161,7 @@ export class Paths {
     const rep = this.runs.get(path);
     // The flock first: free while the name is on its inode is a crash.
     const freeBefore = rep?.fd !== undefined && flockFree(rep.fd);
-    const seen = d.dropped
-      ? { kind: "none", other: false } as Seen
-      : look(path);
+    const seen = lookIn(d, path);
     return this.#decide(path, d, rep, freeBefore, seen, closed);
   }
 
@@ -295,9 +297,7 @@ export class Paths {
     const finish = (kind: ChangeKind) => {
       if (this.runs.get(path) !== rep || this.#host.done) return;
       this.untrack(rep);
-      const seen = d.dropped
-        ? { kind: "none", other: false } as Seen
-        : look(path);
+      const seen = lookIn(d, path);
       this.#host.push(path, kind, noneInspection(path, seen));
       return this.#decide(path, d, undefined, false, seen, false);
     };

@@ -84,15 +84,13 @@ export async function acquire(
   let wake: (() => void) | undefined;
   let listener: Listener | undefined;
   const woken: Woken = { woken: false };
-  // A waiter sleeps on a watch of the lock file there now, which follows it
-  // from holder to holder (PROTOCOL.md, "Waiting"). Where the close watch
-  // can be made (Node and Bun on Linux), it sees every end of the file and
-  // no fs.watch is made beside it (Bun's first costs 2 ms of CPU and a
-  // thread).
+  // A waiter watches the lock file there now (PROTOCOL.md, "Waiting"). The
+  // close watch (Node and Bun on Linux) sees every end of the file: no
+  // fs.watch beside it (Bun's first costs 2 ms of CPU and a thread).
   let unclose: (() => void) | undefined;
   let closeKey = "";
-  // Set by every event: the next holder's file may have the old one's inode
-  // number (ext4 reuses them at once), so watch anew at the next sleep.
+  // Watch anew after an event: the next file may get the old inode number
+  // (ext4 reuses them at once).
   let stale = false;
   const onEvent = () => {
     stale = true;
@@ -116,8 +114,7 @@ export async function acquire(
       const prefix = target.pinned.prefix;
       unclose = p.watchClose(within(prefix, target.name), onEvent, true);
     }
-    // Both watches are armed by path, on whatever file is there now: the
-    // key is read again after arming, so that any later change is an event.
+    // Armed by path: the key, read again after arming, is of what they watch.
     if (unclose !== undefined) {
       listener?.stop();
       listener = undefined;

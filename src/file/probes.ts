@@ -157,10 +157,8 @@ export async function inspect(path: string): Promise<Inspection> {
 }
 
 /**
- * Probes `path`, looking again while a dead PID sits under a held flock (a
- * takeover in progress), as acquire does, rather than report the dead PID as
- * the live holder. `whole: false` skips reading the record when the flock
- * says held (all `held()` needs).
+ * Probes `path`, looking again while `racing` (see `probeSteps`). `whole:
+ * false`: no record read under a held flock (all `held()` needs).
  */
 function look(
   path: string,
@@ -168,9 +166,8 @@ function look(
   whole: boolean,
 ): Probe | Promise<Probe> {
   const lp = lockPath(path, action);
-  // The usual answer needs one look: no generator, no promise of its own
-  // (and the caller awaits only a promise: an await of a value is one more
-  // turn of the microtask queue, 0.07 µs on Node).
+  // One look, no promise, usually: the caller awaits only a promise (an
+  // await of a value is one more microtask turn, 0.07 µs on Node).
   const found = probe(lp, undefined, whole);
   return found.racing ? lookAgain(lp, whole, found) : found;
 }
