@@ -96,6 +96,7 @@ export interface Inspection extends LockInspection {
 export function toInspection(path: string, found: Probe): Inspection {
   let pidValidHere: boolean | undefined;
   let pidElsewhere: Inspection["pidElsewhere"];
+  // Only a live holder's namespace cannot have had its inode number reused.
   if (found.state === "held" && found.pid !== 0 && found.marker) {
     // A held runlock record's `far` is the probe's own `elsewhere` check:
     // only then is the answer not "the same process here" (or unknown).
