@@ -320,7 +320,8 @@ rmSync(pgTree, { recursive: true, force: true });
 // PostgreSQL backend (loaded by --db only) as "runlock/postgres". The CLI
 // is src/cli.js and src/cli/*.js: in a copy of those (and of version.js and
 // _process.js, constants, _redact.js, a function without state, which
-// the backend's messages use too, and _inherit.js, a symbol from the global
+// the backend's messages use too, platform/runtime.js, the runtime's name,
+// permissions and host name, and _inherit.js, a symbol from the global
 // registry), every import of mod.js, whoever makes it, becomes
 // "runlock", and every import() of src/postgres/mod.js "runlock/postgres".
 const libraryModule = join(tscOut, "mod.js");
@@ -328,6 +329,7 @@ const pgModule = join(tscOut, "src", "postgres", "mod.js");
 const versionModule = join(tscOut, "src", "version.js");
 const processModule = join(tscOut, "src", "_process.js");
 const redactModule = join(tscOut, "src", "_redact.js");
+const runtimeModule = join(tscOut, "src", "platform", "runtime.js");
 const inheritModule = join(tscOut, "src", "file", "_inherit.js");
 const cliDir = join(tscOut, "src", "cli");
 const cliFiles = [
@@ -336,6 +338,7 @@ const cliFiles = [
   versionModule,
   processModule,
   redactModule,
+  runtimeModule,
   inheritModule,
 ];
 for (const [format, file] of [["esm", "cli.js"], ["cjs", "cli.cjs"]] as const) {
@@ -370,6 +373,7 @@ for (const [format, file] of [["esm", "cli.js"], ["cjs", "cli.cjs"]] as const) {
       .filter((spec) =>
         target(spec) !== versionModule && target(spec) !== processModule &&
         target(spec) !== redactModule && target(spec) !== inheritModule &&
+        target(spec) !== runtimeModule &&
         !target(spec).startsWith(cliDir + "/")
       );
     if (unmapped.length > 0) {

@@ -8,7 +8,7 @@
 import type { Inspection } from "../../mod.ts";
 import { process } from "../_process.ts";
 import { UsageError } from "./_args.ts";
-import { granted } from "./_permissions.ts";
+import { granted } from "../platform/runtime.ts";
 import { width } from "./_width.ts";
 
 /**

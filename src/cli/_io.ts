@@ -6,7 +6,7 @@
  */
 
 import { process } from "../_process.ts";
-import { envValue } from "./_permissions.ts";
+import { envValue } from "../platform/runtime.ts";
 import { wrap } from "./_width.ts";
 import {
   clip,

@@ -7,7 +7,7 @@
 
 import { lstatSync, realpathSync, statfsSync } from "node:fs";
 import { dirname, resolve } from "node:path";
-import { granted } from "./_permissions.ts";
+import { granted } from "../platform/runtime.ts";
 
 /** statfs(2)'s f_type of procfs (PROC_SUPER_MAGIC, linux/magic.h). */
 const PROC_SUPER_MAGIC = 0x9fa0;

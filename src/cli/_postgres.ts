@@ -8,11 +8,10 @@
  * @module
  */
 
-import { hostname } from "node:os";
 import type { PgInspection, PgLocks } from "../postgres/mod.ts";
 import { UsageError } from "./_args.ts";
 import type { Info } from "./_format.ts";
-import { envValue, granted } from "./_permissions.ts";
+import { envValue, hostName } from "../platform/runtime.ts";
 
 /** The options every command that takes locks knows (for `parse`). */
 export const DB_OPTIONS = { db: "value", schema: "value" } as const;
@@ -123,23 +122,13 @@ export async function openLocks(url: Url): Promise<PgLocks> {
   }
 }
 
-/** This host's name, when it may be read without a prompt. */
-function hostHere(): string {
-  if (!granted({ name: "sys", kind: "hostname" })) return "";
-  try {
-    return hostname();
-  } catch {
-    return "";
-  }
-}
-
 /**
  * A function that completes a PostgreSQL inspection to an Info: a database
  * record names no boot or PID namespace, so the host is all there is to
  * compare with this one, and only a difference is certain.
  */
 export function pgInfo(): (i: PgInspection) => Info {
-  const here = hostHere();
+  const here = hostName();
   return (i) => {
     const elsewhere = i.pid !== 0 && i.host !== "" && here !== "" &&
       i.host !== here;

@@ -10,7 +10,7 @@ import { redact } from "../_redact.ts";
 import { parse, UsageError } from "./_args.ts";
 import type { Command } from "./_help.ts";
 import type { CliIo } from "./_io.ts";
-import { envValue } from "./_permissions.ts";
+import { envValue } from "../platform/runtime.ts";
 import {
   databaseUrl,
   DB_OPTIONS,

@@ -16,7 +16,7 @@ import { clip, escape, printable, printableErrors } from "./_format.ts";
 import { handedOn, lockDescriptor, nameChild } from "./_hand_on.ts";
 import type { Command } from "./_help.ts";
 import { type CliIo, Progress } from "./_io.ts";
-import { envValue } from "./_permissions.ts";
+import { envValue } from "../platform/runtime.ts";
 import { databaseUrl, DB_HELP, DB_OPTIONS } from "./_postgres.ts";
 import {
   HANDLED,

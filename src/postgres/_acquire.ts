@@ -16,7 +16,7 @@ import { keyOf, type LockTag, lockTagOf } from "./_key.ts";
 import { heldByThisProcess } from "./_lock.ts";
 import { checkName, checkTimeout } from "./_options.ts";
 import { find, heldError, heldHere } from "./_probe.ts";
-import { hostName, runtime } from "./_runtime.ts";
+import { hostName, runtime } from "../platform/runtime.ts";
 import type { Session } from "./_session.ts";
 import { attempt, type Call, Queue } from "./_wait.ts";
 import { KeyCollisionError, PoolerError } from "./errors.ts";

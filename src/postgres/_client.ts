@@ -6,7 +6,7 @@
 import { connect as netConnect } from "node:net";
 import { clearTimeout, setTimeout } from "node:timers";
 import { messageOf } from "./_failure.ts";
-import { runtime } from "./_runtime.ts";
+import { fetchesNpm } from "../platform/runtime.ts";
 
 /** The part of node-postgres's Client that runlock uses. */
 export interface PgClient {
@@ -56,7 +56,7 @@ export class ClientMissing extends Error {
     const why = messageOf(cause);
     // The specifier in two pieces: scripts/build_npm.ts rewrites quoted
     // npm: specifiers to bare names.
-    const how = runtime === "deno"
+    const how = fetchesNpm
       ? `Deno downloads npm:${"pg@8.23.1"} from the npm registry on first use`
       : "install it with `npm install pg` (or `bun add pg`)";
     super(

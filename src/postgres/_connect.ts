@@ -3,7 +3,7 @@ import { RunlockError } from "../errors.ts";
 import { bind } from "./_bind.ts";
 import { connectError, refused } from "./_messages.ts";
 import type { Options } from "./_options.ts";
-import { granted } from "./_runtime.ts";
+import { granted } from "../platform/runtime.ts";
 import { Session, type SessionConfig } from "./_session.ts";
 import { SESSION_SETTING, sessionSettings } from "./_settings.ts";
 import type { Target } from "./_url.ts";

@@ -5,7 +5,7 @@ import { describe, isSessionError } from "./_failure.ts";
 import type { LockOwner } from "./_host.ts";
 import type { LockTag } from "./_key.ts";
 import type { PgInspection } from "./_probe_types.ts";
-import { hostName } from "./_runtime.ts";
+import { hostName } from "../platform/runtime.ts";
 import type { Session } from "./_session.ts";
 import { SessionLostError } from "./errors.ts";
 import type { PgLock } from "./types.ts";

@@ -6,7 +6,7 @@ import { delay } from "./_clock.ts";
 import type { LockTag } from "./_key.ts";
 import { ownedByThisProcess } from "./_lock.ts";
 import type { PgInspection } from "./_probe_types.ts";
-import { hostName } from "./_runtime.ts";
+import { hostName } from "../platform/runtime.ts";
 import type { Session } from "./_session.ts";
 import type { Statements } from "./_sql.ts";
 import { ForeignHolderError } from "./errors.ts";

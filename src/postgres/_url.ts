@@ -1,7 +1,7 @@
 // The caller's URL: checked, and read as node-postgres reads it.
 import { process } from "../_process.ts";
 import { redact } from "../_redact.ts";
-import { granted } from "./_runtime.ts";
+import { granted } from "../platform/runtime.ts";
 import { optionValue } from "./_settings.ts";
 
 /** What the caller's URL says, for messages (never the password). */
