@@ -1,10 +1,11 @@
 // What scan(), watch() and `runlock ls` leave out unread, and say so: a
 // file named like runlock's temp files, and a name that is not UTF-8.
 import assert from "node:assert/strict";
+import { existsSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { createInterface } from "node:readline";
 import { describe, test } from "node:test";
-import { inspect, scan, type Skipped, watch } from "../../mod.ts";
+import { acquire, inspect, scan, type Skipped, watch } from "../../mod.ts";
 import { cli, fixture } from "../_cli.ts";
 import { Child, holder, tempDir } from "../_helpers.ts";
 
@@ -79,6 +80,35 @@ describe("entries left out unread are reported", () => {
     } finally {
       stop.abort();
       await child.kill();
+      cleanup();
+    }
+  });
+
+  test("a temp file of a lock whose name holds a line break is a temp file to scan(), watch() and the acquire's sweep alike", async () => {
+    const { dir, cleanup } = tempDir();
+    const name = "a\nb.lock";
+    const path = join(dir, `.${name}.0123456789abcdef.tmp`);
+    // A dead acquire's temp file: a record, no flock.
+    writeFileSync(path, "4242\nrunlock 1\n");
+    const stop = new AbortController();
+    try {
+      const skipped: Skipped[] = [];
+      assert.deepEqual(await scan(dir, { onSkip: (s) => skipped.push(s) }), []);
+      assert.deepEqual(skipped, [{ path, reason: "temp name" }]);
+      skipped.length = 0;
+      const batches = watch(dir, {
+        signal: stop.signal,
+        onSkip: (s) => skipped.push(s),
+      })[Symbol.asyncIterator]();
+      assert.deepEqual((await batches.next()).value, []);
+      assert.deepEqual(skipped, [{ path, reason: "temp name" }]);
+      await batches.return!();
+      // The acquire of that name sweeps it as its own litter.
+      const lock = await acquire(join(dir, name));
+      await lock.release();
+      assert.equal(existsSync(path), false, "the dead temp file was swept");
+    } finally {
+      stop.abort();
       cleanup();
     }
   });
